@@ -1,0 +1,16 @@
+"""Run time: executors, streams, export and loading. Depends on TVM's runtime only.
+
+``runtime.load(path)`` runs an exported model; ``TVM_USE_RUNTIME_LIB=1`` is enough for it.
+"""
+import os as _os
+
+# TVM pins every thread that starts a kernel thread pool to one core unless TVM_BIND_THREADS=0; the CPU
+# executor runs several such threads at once, which would then share one core. Set before any pool exists.
+_os.environ.setdefault("TVM_BIND_THREADS", "0")
+
+from .errors import (DeviceError, ExportError, GraphError, InputError, InteropError, ScheduleError,
+                     ScheduleFileError, UnsupportedModelError)
+from .model import ScheduledModel, export_library, load
+
+__all__ = ["load", "ScheduledModel", "export_library", "InteropError", "UnsupportedModelError", "GraphError",
+           "ScheduleError", "ScheduleFileError", "ExportError", "InputError", "DeviceError"]

@@ -1,0 +1,100 @@
+"""Prepare a Relax module for scheduling: checks, then TVM's own legalize + fusion pipeline.
+
+The units the scheduler places are the fused kernels TVM itself would run, so a schedule never changes what
+is computed, only when. We run exactly the passes of ``relax.get_pipeline("zero")`` (LegalizeOps,
+AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) and check the input first, so that a model we cannot
+handle fails here with a message naming the problem, not deep inside TVM.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import tvm
+from tvm import relax
+
+from runtime.errors import UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+# Relax operators that are not computation and legitimately survive legalization.
+_STRUCTURAL_OPS = {
+    "relax.call_tir", "relax.call_tir_inplace", "relax.call_pure_packed", "relax.call_packed",
+    "relax.null_value", "relax.shape_of", "relax.print", "relax.assert_op",
+}
+
+
+def check_static_inputs(mod: tvm.IRModule, func_name: str = "main") -> None:
+    """Raise UnsupportedModelError naming the first input dimension that is not a compile-time constant."""
+    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UnsupportedModelError(f"the module has no Relax function {func_name!r}")
+    func = mod[func_name]
+    if not isinstance(func, relax.Function):
+        raise UnsupportedModelError(f"{func_name!r} is not a Relax function")
+    for p in func.params:
+        _check_static_type(p.ty, p.name)
+    _check_static_type(func.ret_ty, "output")
+
+
+def _check_static_type(sinfo, where: str) -> None:
+    if isinstance(sinfo, relax.TupleType):
+        for i, f in enumerate(sinfo.fields):
+            _check_static_type(f, f"{where}[{i}]")
+        return
+    if not isinstance(sinfo, relax.TensorType):
+        raise UnsupportedModelError(f"{where}: only tensor inputs and outputs are supported, got {sinfo}")
+    if sinfo.shape is None or not isinstance(sinfo.shape, relax.ShapeExpr):
+        raise UnsupportedModelError(f"{where}: tensor rank/shape unknown ({sinfo}); dynamic shapes are not supported")
+    for axis, dim in enumerate(sinfo.shape.values):
+        if not isinstance(dim, tvm.tirx.IntImm):
+            raise UnsupportedModelError(
+                f"{where}: dimension {axis} is dynamic ({dim}); tvm-interop schedules static shapes only — "
+                f"bind '{dim}' to a number (e.g. a shape_dict in the frontend) before compiling"
+            )
+        if int(dim) == 0:
+            raise UnsupportedModelError(f"{where}: dimension {axis} has size 0; zero-size tensors are not supported")
+
+
+def _unlegalized_ops(mod: tvm.IRModule) -> list[str]:
+    """Operator names left in Relax functions after LegalizeOps (i.e. TVM has no lowering for them)."""
+    found: list[str] = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            name = e.op.name
+            if name not in _STRUCTURAL_OPS and not name.startswith("relax.builtin.") and name not in found:
+                found.append(name)
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None) -> tvm.IRModule:
+    """Check ``mod`` and run legalize + fusion. Returns the fused module (main = call_tir bindings)."""
+    if not isinstance(mod, tvm.IRModule):
+        raise UnsupportedModelError(f"expected a tvm.IRModule, got {type(mod).__name__}")
+    check_static_inputs(mod)
+    t0 = time.perf_counter()
+    ctx_target = tvm.target.Target(target) if isinstance(target, str) else target
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    try:
+        if ctx_target is not None:
+            with ctx_target:
+                legal = tvm.transform.Sequential(passes)(mod)
+        else:
+            legal = tvm.transform.Sequential(passes)(mod)
+    except tvm.error.TVMError as e:  # pragma: no cover - depends on TVM internals
+        raise UnsupportedModelError(f"TVM could not legalize the model: {str(e).splitlines()[-1]}") from None
+    left = _unlegalized_ops(legal)
+    if left:
+        raise UnsupportedModelError(
+            f"operator(s) {', '.join(left)} cannot be lowered by TVM's LegalizeOps, so they cannot be built as "
+            "kernels; rewrite them or register a legalization"
+        )
+    fused = tvm.transform.Sequential(
+        [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    )(legal)
+    log.info("prepare: legalize + fuse took %.2f s", time.perf_counter() - t0)
+    return fused

@@ -1,0 +1,289 @@
+"""The CPU executor: runs a plan's concurrent groups on a fixed pool of worker threads.
+
+Why threads and not the Relax VM: on a CPU the VM runs kernels one after another, so a schedule's concurrency
+has to come from the host. TVM kernels release the GIL, so two Python threads really run two kernels at once.
+Each thread that calls a parallel TVM kernel gets its own TVM thread pool (thread-local), so we keep a *fixed*
+set of workers (pools are created once) and give each worker's pool a share of the cores: a stage with g groups
+runs each group with ``cores // g`` TVM threads, a single-group stage uses every core.
+
+TVM pins the thread that owns a pool to a core unless ``TVM_BIND_THREADS=0``; pinned workers would then fight for
+the same core, so ``runtime`` sets ``TVM_BIND_THREADS=0`` before TVM starts any pool (unless the user chose).
+
+Modes: ``stage`` — every group of stage k finishes before stage k+1 starts (barrier); ``dependency`` — groups are
+still the unit of dispatch, but a group waits only for the calls it reads from (events per call).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Callable, Sequence
+
+from .errors import InputError, InteropError
+from .plan import ExecutionPlan
+
+# Must happen before the first parallel kernel starts a TVM thread pool.
+os.environ.setdefault("TVM_BIND_THREADS", "0")
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+
+_config_threadpool = None
+
+
+def _set_thread_count(n: int) -> None:
+    """Configure the *calling thread's* TVM pool to use n threads (TVM keeps one pool per calling thread)."""
+    global _config_threadpool
+    if _config_threadpool is None:
+        _config_threadpool = tvm.get_global_func("runtime.config_threadpool")
+    _config_threadpool(1, int(n))
+
+
+class _Worker:
+    """A long-lived thread that runs groups of calls; its TVM thread pool lives as long as it does."""
+
+    def __init__(self, idx: int):
+        self.idx = idx
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads_now = -1
+        self.thread = threading.Thread(target=self._loop, name=f"tvm-interop-worker-{idx}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.tasks.get()
+            if item is None:
+                return
+            fn, nthreads, done = item
+            try:
+                if nthreads != self.threads_now:
+                    _set_thread_count(nthreads)
+                    self.threads_now = nthreads
+                fn()
+                done(None)
+            except BaseException as e:  # noqa: BLE001 - propagated to the caller
+                done(e)
+
+    def submit(self, fn: Callable[[], None], nthreads: int, done: Callable[[BaseException | None], None]) -> None:
+        self.tasks.put((fn, nthreads, done))
+
+    def stop(self) -> None:
+        self.tasks.put(None)
+
+
+class ThreadExecutor:
+    """Run an ExecutionPlan with kernels from a TVM library on a fixed pool of CPU worker threads."""
+
+    def __init__(self, plan: ExecutionPlan, lookup_kernel: Callable[[str], object], constants: Sequence,
+                 device=None, mode: str = "stage", num_workers: int | None = None, cores: int | None = None):
+        if mode not in ("stage", "dependency"):
+            raise InteropError(f"unknown execution mode {mode!r}; use 'stage' or 'dependency'")
+        self.plan = plan
+        self.mode = mode
+        self.device = device if device is not None else tvm.cpu(0)
+        if len(constants) != plan.num_constants:
+            raise InteropError(f"plan expects {plan.num_constants} constants, got {len(constants)}")
+        self.constants = [c if isinstance(c, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(c), self.device)
+                          for c in constants]
+        self.kernels = {}
+        for c in plan.calls:
+            if c.func not in self.kernels:
+                f = lookup_kernel(c.func)
+                if f is None:
+                    raise InteropError(f"kernel {c.func!r} (unit {c.unit}) is missing from the library")
+                self.kernels[c.func] = f
+        self.cores = cores or _usable_cores()
+        want = plan.max_concurrency()
+        self.num_workers = max(1, min(num_workers or want, want))
+        self.storages = {}
+        for b in plan.buffers:
+            sid = b["storage"]
+            if sid not in self.storages:
+                self.storages[sid] = tvm.runtime.empty(tuple(b["shape"]), b["dtype"], self.device)
+        self.buffers = [self.storages[b["storage"]] for b in plan.buffers]
+        self._call_fns = [self._bind(i) for i in range(len(plan.calls))]
+        self._workers: list[_Worker] = []
+        self._inputs: list = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ setup
+    def _slot(self, slot):
+        kind, k = slot
+        if kind == "i":
+            return lambda: self._inputs[k]
+        if kind == "c":
+            v = self.constants[k]
+            return lambda: v
+        v = self.buffers[k]
+        return lambda: v
+
+    def _bind(self, i: int) -> Callable[[], None]:
+        call = self.plan.calls[i]
+        f = self.kernels[call.func]
+        getters = [self._slot(s) for s in call.args] + [self._slot(["b", o]) for o in call.outs]
+        if all(s[0] != "i" for s in call.args):
+            fixed = [g() for g in getters]
+            return lambda: f(*fixed)
+        return lambda: f(*[g() for g in getters])
+
+    def _ensure_workers(self) -> None:
+        if not self._workers and self.num_workers > 1:
+            self._workers = [_Worker(i) for i in range(self.num_workers)]
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.stop()
+        self._workers = []
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ------------------------------------------------------------------ inputs / outputs
+    def _check_inputs(self, inputs: Sequence) -> list:
+        spec = self.plan.inputs
+        if len(inputs) != len(spec):
+            names = ", ".join(s["name"] for s in spec)
+            raise InputError(f"model takes {len(spec)} input(s) ({names}), got {len(inputs)}")
+        out = []
+        for x, s in zip(inputs, spec):
+            shape = tuple(x.shape)
+            dtype = str(x.dtype)
+            if shape != tuple(s["shape"]) or dtype != s["dtype"]:
+                raise InputError(
+                    f"input {s['name']!r} must be {s['dtype']}{list(s['shape'])}, got {dtype}{list(shape)} "
+                    "(the model was compiled for fixed shapes and batch size)"
+                )
+            out.append(x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), self.device))
+        return out
+
+    def _read(self, slot):
+        if isinstance(slot, list) and slot and isinstance(slot[0], str):
+            return self._slot(slot)()
+        return [self._read(s) for s in slot]
+
+    # ------------------------------------------------------------------ execution
+    def run(self, *inputs, numpy: bool = True):
+        """Run once; returns a numpy array (or list for tuple outputs), or TVM tensors with ``numpy=False``.
+
+        Outputs are copied out, because the plan's buffers are reused by the next run.
+        """
+        with self._lock:
+            self._inputs = self._check_inputs(inputs)
+            self.run_raw()
+            out = self._read(self.plan.output)
+            if numpy:
+                return _to_numpy(out)
+            return _copy(out)
+
+    def run_raw(self) -> None:
+        """Run on the inputs already set (benchmarks call this to avoid input conversion)."""
+        if self.mode == "stage":
+            self._run_stages()
+        else:
+            self._run_dependency()
+
+    def _run_group(self, group: list[int]) -> None:
+        fns = self._call_fns
+        for c in group:
+            fns[c]()
+
+    def _run_stages(self) -> None:
+        fns = self._call_fns
+        for stage in self.plan.stages:
+            if len(stage) == 1 or self.num_workers == 1:
+                for g in stage:
+                    for c in g:
+                        fns[c]()
+                continue
+            self._ensure_workers()
+            nthreads = max(1, self.cores // min(len(stage), self.num_workers))
+            pending = len(stage)
+            cv = threading.Condition()
+            errors: list[BaseException] = []
+
+            def done(err, _cv=cv):
+                nonlocal pending
+                with _cv:
+                    if err is not None:
+                        errors.append(err)
+                    pending -= 1
+                    if pending == 0:
+                        _cv.notify()
+
+            for k, g in enumerate(stage):
+                self._workers[k % self.num_workers].submit(lambda g=g: self._run_group(g), nthreads, done)
+            with cv:
+                while pending:
+                    cv.wait()
+            if errors:
+                raise errors[0]
+
+    def _run_dependency(self) -> None:
+        """Dispatch every group as soon as the calls it reads from are done; no stage barriers."""
+        plan = self.plan
+        groups = [g for st in plan.stages for g in st]
+        if self.num_workers == 1:
+            for g in groups:
+                self._run_group(g)
+            return
+        self._ensure_workers()
+        events = [threading.Event() for _ in plan.calls]
+        width = max(1, min(self.num_workers, plan.max_concurrency()))
+        nthreads = max(1, self.cores // width)
+        errors: list[BaseException] = []
+        remaining = len(groups)
+        cv = threading.Condition()
+        fns = self._call_fns
+
+        def run_group(g):
+            for c in g:
+                for d in plan.deps[c]:
+                    if not events[d].wait(timeout=600):
+                        raise InteropError(f"call {c} waited too long for call {d}")
+                    if errors:
+                        raise InteropError("aborted: another group failed")
+                fns[c]()
+                events[c].set()
+
+        def done(err):
+            nonlocal remaining
+            with cv:
+                if err is not None:
+                    errors.append(err)
+                    for e in events:
+                        e.set()
+                remaining -= 1
+                if remaining == 0:
+                    cv.notify()
+
+        # Groups are submitted in schedule order, round-robin; a worker blocks only on producers that were
+        # submitted earlier, so there is no deadlock (producers always precede consumers in this order).
+        for k, g in enumerate(groups):
+            self._workers[k % self.num_workers].submit(lambda g=g: run_group(g), nthreads, done)
+        with cv:
+            while remaining:
+                cv.wait()
+        if errors:
+            raise errors[0]
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _to_numpy(out):
+    if isinstance(out, list):
+        return [_to_numpy(o) for o in out]
+    return out.numpy()
+
+
+def _copy(out):
+    if isinstance(out, list):
+        return [_copy(o) for o in out]
+    return tvm.runtime.tensor(out.numpy(), out.device)

@@ -1,0 +1,177 @@
+"""The Python front door: ``tvm_interop.compile(...)`` and helpers to load models and graphs."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.errors import InteropError, UnsupportedModelError
+from runtime.model import ScheduledModel
+
+log = logging.getLogger("tvm_interop")
+
+
+def _target_device_kind(target) -> str:
+    import tvm
+
+    t = tvm.target.Target(target) if isinstance(target, str) else target
+    kind = t.kind.name
+    return "cpu" if kind in ("llvm", "c") else kind
+
+
+def load_module(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0,
+                shape_dict: dict | None = None, **model_kwargs):
+    """Return (IRModule, name) for a zoo model name, an ``.onnx`` path, or an IRModule."""
+    import tvm
+
+    if isinstance(model, tvm.IRModule):
+        return model, model_kwargs.get("name", "model")
+    if isinstance(model, str) and model.endswith(".onnx"):
+        from .frontends import from_onnx
+
+        return from_onnx(model, shape_dict=shape_dict), os.path.splitext(os.path.basename(model))[0]
+    if isinstance(model, str):
+        from .models import get_model
+
+        try:
+            return get_model(model, batch_size=batch_size, image_size=image_size, width=width, **model_kwargs), model
+        except ValueError as e:
+            raise InteropError(str(e)) from None
+    raise InteropError(f"cannot load a model from {type(model).__name__}; give a zoo name, an .onnx path or an IRModule")
+
+
+def prepare_program(mod, target="llvm", name: str = "model"):
+    """prepare (legalize + fuse) then extract: the Program and its OpGraph."""
+    from passes.extract import extract
+    from passes.prepare import prepare
+
+    return extract(prepare(mod, target), name=name)
+
+
+def model_graph(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0, **kw):
+    """The OpGraph of a zoo model / ONNX file / IRModule (what the schedulers see)."""
+    mod, name = load_module(model, batch_size=batch_size, image_size=image_size, width=width, **kw)
+    return prepare_program(mod, name=name).graph
+
+
+@dataclass
+class CompiledModel:
+    """Result of ``compile``: run it, inspect its schedule, export it."""
+
+    runner: ScheduledModel
+    schedule: object
+    program: object = field(repr=False)
+    target: str = "llvm"
+    timings: dict = field(default_factory=dict)
+
+    def run(self, *inputs, numpy: bool = True):
+        return self.runner.run(*inputs, numpy=numpy)
+
+    def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
+        return self.runner.benchmark(*inputs, repeat=repeat, warmup=warmup)
+
+    def export(self, path: str) -> None:
+        self.runner.export(path)
+
+    @property
+    def plan(self):
+        return self.runner.plan
+
+    @property
+    def graph(self):
+        return self.program.graph
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in self.runner.inputs]
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *, schedule=None,
+            executor: str | None = None, mode: str = "stage", batch_size: int = 1, image_size: int | None = None,
+            width: float = 1.0, max_streams: int = 8, max_block_size: int | None = None,
+            num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
+            shape_dict: dict | None = None) -> CompiledModel:
+    """Compile ``model`` with an inter-operator schedule.
+
+    ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
+    ``scheduler``: ``sequential``, ``greedy``, ``ios``, ``lios``, ``hios``, ``exhaustive``; or pass a ready
+    ``schedule`` (a Schedule or a path to a schedule JSON), which is checked against the model.
+    ``cost``: cost model spec for the scheduler (``"sim:cpu"``, ``"sim:h100"``, ...); default: a simulated
+    preset for the target when available.
+    ``executor``: ``threads`` (CPU worker threads, CPU default) or ``vm`` (Relax VM with streams).
+    """
+    from passes.build import build_library
+    from passes.lower import make_plan
+    from passes.schedule import Schedule
+    from passes.schedulers import schedule_graph
+
+    timings: dict = {}
+    t0 = time.perf_counter()
+    kw = {"name": name} if name and not isinstance(model, str) else {}
+    mod, model_name = load_module(model, batch_size=batch_size, image_size=image_size, width=width,
+                                  shape_dict=shape_dict, **kw)
+    model_name = name or model_name
+    device_kind = _target_device_kind(target)
+    timings["load"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    program = prepare_program(mod, target, name=model_name)
+    timings["prepare"] = time.perf_counter() - t
+    t = time.perf_counter()
+    if schedule is not None:
+        sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
+        sched.validate(program.graph)
+    else:
+        if cost is None:
+            cost = _default_cost(device_kind)
+        opts = dict(scheduler_options or {})
+        if scheduler in ("greedy",):
+            opts.setdefault("max_streams", max_streams)
+        sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
+                               model_name=model_name, batch=batch_size, **opts)
+    timings["schedule"] = time.perf_counter() - t
+    t = time.perf_counter()
+    plan = make_plan(program, sched, mode=mode, meta={"model": model_name, "scheduler": sched.scheduler,
+                                                      "target": str(target), "device": device_kind, "mode": mode})
+    library = build_library(program, sched, plan, target, max_streams=max_streams)
+    timings["build"] = time.perf_counter() - t
+    runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers)
+    timings["total"] = time.perf_counter() - t0
+    log.info("compiled %s: %d units, %d stages (%s) in %.1f s", model_name, len(program.graph), sched.num_stages,
+             sched.scheduler, timings["total"])
+    return CompiledModel(runner=runner, schedule=sched, program=program, target=str(target), timings=timings)
+
+
+def _default_cost(device_kind: str):
+    from passes.cost import registry
+
+    if "sim" in registry.known():
+        return "sim:cpu" if device_kind == "cpu" else "sim:h100"
+    return "unit"
+
+
+def reference_build(mod, target: str = "llvm"):
+    """Plain TVM: legalize + fuse (``relax.get_pipeline('zero')``) then ``tvm.compile`` — the ground truth."""
+    import tvm
+    from tvm import relax
+
+    return tvm.compile(relax.get_pipeline("zero")(mod), target)
+
+
+def run_reference(mod, inputs, target: str = "llvm"):
+    """Outputs of the plain TVM build on ``inputs`` (numpy)."""
+    import tvm
+    from tvm import relax
+
+    ex = reference_build(mod, target)
+    dev = tvm.cpu(0) if _target_device_kind(target) == "cpu" else tvm.device(_target_device_kind(target), 0)
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
+    from runtime.model import _vm_to_numpy
+
+    return _vm_to_numpy(out)
