@@ -1,0 +1,60 @@
+"""``tvm-interop compile``: model in, scheduled deployable .so (and schedule JSON) out."""
+from __future__ import annotations
+
+from .common import add_model_args, print_json, status
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compile", help="compile a model with an inter-operator schedule into a .so",
+                       description="Compile a zoo model or ONNX file with an inter-operator schedule.",
+                       epilog="example: tvm-interop compile inception_v3 --target llvm --scheduler greedy -o m.so")
+    add_model_args(p)
+    p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios (default greedy)")
+    p.add_argument("--cost", default=None, help="cost model for the scheduler, e.g. sim:cpu, sim:h100")
+    p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
+    p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
+    p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
+    p.add_argument("-o", "--output", default=None, help="write the deployable library here (.so)")
+    p.add_argument("--schedule-out", default=None, help="write the schedule JSON here")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import tvm_interop
+
+    status(args, f"compiling {args.model} for {args.target} with scheduler {args.scheduler} ...")
+    cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
+                             schedule=args.schedule, mode=args.mode, batch_size=args.batch,
+                             image_size=args.image_size, width=args.width, max_streams=args.max_streams)
+    if args.schedule_out:
+        cm.schedule.save(args.schedule_out)
+    if args.output:
+        cm.export(args.output)
+    s = cm.schedule
+    summary = {
+        "model": s.model_name, "target": args.target, "scheduler": s.scheduler, "units": len(cm.graph),
+        "stages": s.num_stages, "max_concurrency": s.max_concurrency(), "cost": s.device,
+        "predicted_ms": None if s.predicted_latency is None else s.predicted_latency * 1e3,
+        "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
+        "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
+        "output": args.output, "schedule_out": args.schedule_out,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{s.model_name}: {len(cm.graph)} units -> {s.num_stages} stages (scheduler {s.scheduler}, "
+              f"max {s.max_concurrency()} concurrent groups)")
+        if s.predicted_latency is not None:
+            print(f"predicted by {s.device}: {s.predicted_latency * 1e3:.3f} ms "
+                  f"(sequential {s.sequential_latency * 1e3:.3f} ms)")
+        print(f"activation memory: {cm.plan.storage_bytes() / 2**20:.2f} MiB; compile "
+              f"{cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, build {cm.timings['build']:.1f} s)")
+        if args.output:
+            print(f"wrote {args.output}")
+        if args.schedule_out:
+            print(f"wrote {args.schedule_out}")
+    cm.close()
+    return 0
