@@ -1,0 +1,169 @@
+"""End to end on a small branchy model: every scheduler x executor x mode equals plain TVM."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_interop
+from passes.schedule import Schedule, Stage
+from runtime import load
+from runtime.errors import InputError, ScheduleError, UnsupportedModelError
+from runtime.model import ScheduledModel
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def compiled(branchy_model):
+    out = {}
+    for sch in ("sequential", "greedy"):
+        for mode in ("stage", "dependency"):
+            out[(sch, mode)] = tvm_interop.compile(branchy_model, scheduler=sch, mode=mode, name="branchy")
+    yield out
+    for cm in out.values():
+        cm.close()
+
+
+@pytest.mark.parametrize("scheduler", ["sequential", "greedy"])
+@pytest.mark.parametrize("mode", ["stage", "dependency"])
+@pytest.mark.parametrize("executor", ["threads", "vm"])
+def test_matches_plain_tvm(compiled, branchy_input, branchy_reference, scheduler, mode, executor):
+    cm = compiled[(scheduler, mode)]
+    runner = ScheduledModel(cm.runner.library, executor=executor, mode=mode)
+    out = runner.run(branchy_input)
+    np.testing.assert_allclose(out, branchy_reference, **TOL)
+    # run again: buffers are reused between runs, results must not drift
+    np.testing.assert_allclose(runner.run(branchy_input), branchy_reference, **TOL)
+    runner.close()
+
+
+def test_greedy_is_concurrent_and_valid(compiled):
+    cm = compiled[("greedy", "stage")]
+    assert cm.schedule.max_concurrency() >= 3
+    cm.schedule.validate(cm.graph)
+    assert sorted(cm.schedule.unit_order()) == sorted(u.name for u in cm.graph.units)
+
+
+def test_stage_memory_reuse_is_concurrency_safe(compiled):
+    plan = compiled[("greedy", "stage")].plan
+    stage_of = {}
+    for si, st in enumerate(plan.stages):
+        for g in st:
+            for c in g:
+                stage_of[c] = si
+    # every buffer's live interval in stages
+    first, last = {}, {}
+    for ci, call in enumerate(plan.calls):
+        for o in call.outs:
+            first[o] = last[o] = stage_of[ci]
+    for ci, call in enumerate(plan.calls):
+        for a in call.args:
+            if a[0] == "b":
+                last[a[1]] = max(last[a[1]], stage_of[ci])
+    by_storage = {}
+    for b, info in enumerate(plan.buffers):
+        by_storage.setdefault(info["storage"], []).append(b)
+    for sid, bufs in by_storage.items():
+        spans = sorted((first[b], last[b]) for b in bufs)
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            assert e1 < s2, f"storage {sid} shared by overlapping buffers {spans}"
+
+
+def test_export_and_load(compiled, tmp_path, branchy_input, branchy_reference):
+    cm = compiled[("greedy", "stage")]
+    path = tmp_path / "m.so"
+    cm.export(str(path))
+    for executor in (None, "vm"):
+        m = load(str(path), executor=executor)
+        np.testing.assert_allclose(m.run(branchy_input), branchy_reference, **TOL)
+        assert m.plan.meta["scheduler"] == "greedy"
+        m.close()
+
+
+def test_failed_export_keeps_previous_file(compiled, tmp_path):
+    path = tmp_path / "m.so"
+    path.write_bytes(b"previous good output")
+    cm = compiled[("greedy", "stage")]
+
+    class Broken:
+        def export_library(self, p):
+            with open(p, "wb") as f:
+                f.write(b"partial")
+            raise RuntimeError("disk full")
+
+    from runtime.errors import ExportError
+    from runtime.model import export_library
+
+    with pytest.raises(ExportError, match="disk full"):
+        export_library(Broken(), str(path))
+    assert path.read_bytes() == b"previous good output"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.so"]
+    assert cm is not None
+
+
+def test_wrong_inputs_are_refused(compiled):
+    cm = compiled[("greedy", "stage")]
+    with pytest.raises(InputError, match=r"float32\[1, 8, 16, 16\]"):
+        cm.run(np.zeros((2, 8, 16, 16), "float32"))
+    with pytest.raises(InputError, match="takes 1 input"):
+        cm.run()
+    vm = ScheduledModel(cm.runner.library, executor="vm")
+    with pytest.raises(InputError):
+        vm.run(np.zeros((1, 8, 16, 16), "float64"))
+
+
+def test_schedule_file_applies_to_its_model_only(compiled, branchy_model, tmp_path, branchy_input,
+                                                 branchy_reference):
+    cm = compiled[("greedy", "stage")]
+    p = tmp_path / "s.json"
+    cm.schedule.save(p)
+    again = tvm_interop.compile(branchy_model, schedule=str(p))
+    np.testing.assert_allclose(again.run(branchy_input), branchy_reference, **TOL)
+    from conftest import make_branchy_model
+
+    other = make_branchy_model(channels=4)
+    with pytest.raises(ScheduleError, match="different model"):
+        tvm_interop.compile(other, schedule=str(p))
+
+
+def test_hand_written_invalid_schedule_is_refused(branchy_model):
+    program = tvm_interop.api.prepare_program(branchy_model)
+    names = [u.name for u in program.graph.units]
+    bad = Schedule([Stage([[n] for n in names])])  # everything at once: consumers beside producers
+    with pytest.raises(ScheduleError, match="producer"):
+        tvm_interop.compile(branchy_model, schedule=bad)
+
+
+def test_dynamic_dimension_is_named():
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("batch", "int64")
+    x = relax.Var("data", relax.TensorType((n, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(y)
+    with pytest.raises(UnsupportedModelError, match=r"data: dimension 0 is dynamic \(batch\)"):
+        tvm_interop.compile(bb.get())
+
+
+def test_unsupported_operator_is_named():
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType((4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            # relax.ewise_fma has no LegalizeOps lowering in TVM 0.27
+            y = bb.emit_output(relax.op.ewise_fma(x, x, x))
+        bb.emit_func_output(y)
+    with pytest.raises(UnsupportedModelError, match="relax.ewise_fma"):
+        tvm_interop.compile(bb.get())
+
+
+def test_zero_size_tensor_is_refused():
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType((0, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(y)
+    with pytest.raises(UnsupportedModelError, match="size 0"):
+        tvm_interop.compile(bb.get())
