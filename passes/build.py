@@ -17,7 +17,7 @@ from runtime.model import CONSTANTS_FUNC, PLAN_FUNC
 from runtime.plan import ExecutionPlan
 
 from .extract import Program
-from .lower import lower_to_relax
+from .lower_streams import lower_to_relax
 from .schedule import Schedule
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,264 @@
+"""A simulated device: an analytical cost model for schedulers, tests and CI (spec ``"sim:<preset>"``).
+
+Why analytical: schedulers are studied on graphs and devices we do not have at hand (an H100 at batch 1, a
+1000-unit NASNet), and tests need a cost model that is fast, deterministic and has the effects that make
+inter-operator scheduling worth doing (and not worth doing): under-filled devices, launch and synchronisation
+overheads, and contention between concurrent kernels.
+
+Device (a :class:`DeviceSpec`): ``compute_units`` (SMs, or CPU cores) each holding ``lanes_per_unit`` resident
+work items (threads per SM; for a CPU the work a core needs to be kept busy by a parallel-for), a sustained
+``peak_flops`` and memory ``bandwidth`` (what a well-tuned kernel reaches, not the datasheet), a per-kernel
+``launch`` latency, a ``stage_sync`` cost paid once by every concurrent stage with two or more groups (fork and
+join events / a thread barrier), and ``stream_overhead`` paid per extra stream (group) of such a stage.
+
+One kernel (a unit, or a merged stage) alone::
+
+    W    = output elements (one work item each; at least 1)
+    f    = min(1, W / (compute_units * lanes_per_unit))      fraction of the device it fills
+    g    = min(1, f / bw_fill)                                 fraction of the bandwidth it can draw: a few
+                                                                resident warps per SM already saturate DRAM
+    d    = max(flops / (peak_flops * f), bytes / (bandwidth * g))     roofline with partial occupancy
+    time = launch + d
+
+A unit with ``flops == 0`` is memory bound (``d = bytes / (bandwidth * g)``); ``bytes`` is ``bytes_moved`` or,
+when that is 0, the sizes of its inputs and outputs.
+
+Concurrent stage: each group is a chain ``launch, kernel, launch, kernel, ...`` on its own stream, and all
+groups start together. While running, kernel ``i`` wants a fraction ``f_i`` of the compute units and
+``m_i = (bytes_i / bandwidth) / d_i`` of the bandwidth. At any moment the running kernels progress at the
+common rate ``rho = 1 / max(1, sum f_i, sum m_i)`` (fair sharing once together they need more than the device
+has; launches need no device resources). The stage's time is the end of this fluid simulation plus
+``stage_sync + (groups - 1) * stream_overhead`` when there are two or more groups. Consequences (tested):
+
+* a stage is never faster than its slowest group alone (``rho <= 1``);
+* it is never faster than the total work at full throughput (``sum f_i * d_i`` is conserved, and so are the
+  bytes), so two kernels that each fill the device gain nothing: the stage costs the sum of their times minus
+  one launch plus the sync overheads, which are larger than a launch;
+* kernels that each fill a small part of the device overlap almost perfectly: the stage costs about the
+  longest one plus the sync overheads.
+
+Merge stage (``strategy="merge"``): the operators become one larger kernel: FLOPs and output elements summed,
+the shared input read once (``bytes = sum bytes_i - (k - 1) * input bytes``), a single launch. (The merged
+kernel of convolutions with different kernel sizes is padded to the largest one when lowered; that extra work
+is not modelled.)
+
+Presets (``PRESETS``; "sustained" = datasheet x an efficiency a tuned TVM kernel plausibly reaches):
+
+* ``h100``: H100 SXM5: 132 SMs x 2048 threads; FP32 (no tensor cores) 66.9 TFLOP/s x 0.6; HBM3 3.35 TB/s x 0.8.
+* ``h200``: H200 SXM: the same compute; HBM3e 4.8 TB/s x 0.8.
+* ``v100``: V100 SXM2: 80 SMs x 2048 threads; 15.7 TFLOP/s x 0.6; HBM2 900 GB/s x 0.8.
+* ``cpu``: this build machine: 2 cores (AVX2-class), a naive 50 GFLOP/s per core, ~15 GB/s shared DRAM
+  bandwidth, 1024 output elements per core to fill it; launch ~1 us (a packed-function call in the VM),
+  stage_sync 8 us and 4 us per extra worker thread (thread hand-off). These are guesses, not measurements.
+
+GPU overheads: launch 2.5 us (H100/H200) / 4 us (V100) per kernel; a concurrent stage adds fork/join events
+(3 us / 5 us) and 1.5 us / 2 us per extra stream. ``SimulatedDevice("h100", launch=1e-6)`` overrides a field;
+``get_cost_model("sim:h100")`` builds a preset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+from runtime.errors import InteropError
+
+from ..graph import Unit
+from . import registry
+from .base import CostModel
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """The parameters of a simulated device (see the module docstring for how they are used)."""
+
+    name: str
+    compute_units: int          # SMs (GPU) or cores (CPU)
+    lanes_per_unit: int         # resident threads per SM / work items per core to fill it
+    peak_flops: float           # sustained FLOP/s of the whole device
+    bandwidth: float            # sustained memory bandwidth, bytes/s
+    launch: float               # seconds per kernel launch
+    stage_sync: float           # seconds per concurrent stage with >= 2 groups
+    stream_overhead: float      # seconds per extra group (stream / worker) of a concurrent stage
+    bw_fill: float = 0.25       # fraction of the device's lanes that already saturates the bandwidth
+    description: str = ""
+
+    @property
+    def capacity(self) -> int:
+        return self.compute_units * self.lanes_per_unit
+
+
+PRESETS: dict[str, DeviceSpec] = {
+    "h100": DeviceSpec("h100", 132, 2048, 66.9e12 * 0.6, 3.35e12 * 0.8, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                       "NVIDIA H100 SXM5 (simulated)"),
+    "h200": DeviceSpec("h200", 132, 2048, 66.9e12 * 0.6, 4.8e12 * 0.8, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                       "NVIDIA H200 SXM (simulated)"),
+    "v100": DeviceSpec("v100", 80, 2048, 15.7e12 * 0.6, 900e9 * 0.8, 4.0e-6, 5.0e-6, 2.0e-6, 0.25,
+                       "NVIDIA V100 SXM2 (simulated)"),
+    "cpu": DeviceSpec("cpu", 2, 1024, 2 * 50e9, 15e9, 1.0e-6, 8.0e-6, 4.0e-6, 0.5,
+                      "2-core AVX2-class CPU (simulated)"),
+}
+
+# (duration at full rate, fill fraction, bandwidth fraction): what the fluid simulation needs of one kernel
+_Kernel = tuple
+
+
+class SimulatedDevice(CostModel):
+    """Analytical device model; ``SimulatedDevice("h100")`` or ``SimulatedDevice(spec=DeviceSpec(...))``."""
+
+    def __init__(self, preset: str | None = "h100", spec: DeviceSpec | None = None, **overrides):
+        if spec is None:
+            key = (preset or "h100").lower()
+            if key not in PRESETS:
+                raise InteropError(f"unknown simulated device {preset!r}; presets: {', '.join(sorted(PRESETS))}")
+            spec = PRESETS[key]
+        if overrides:
+            known = {f.name for f in fields(DeviceSpec)}
+            bad = sorted(set(overrides) - known)
+            if bad:
+                raise InteropError(f"unknown simulated-device parameter(s) {bad}; known: {sorted(known)}")
+            spec = replace(spec, **overrides)
+        for attr in ("compute_units", "lanes_per_unit", "peak_flops", "bandwidth", "bw_fill"):
+            if not getattr(spec, attr) > 0:
+                raise InteropError(f"simulated device {spec.name!r}: {attr} must be > 0")
+        for attr in ("launch", "stage_sync", "stream_overhead"):
+            if getattr(spec, attr) < 0:
+                raise InteropError(f"simulated device {spec.name!r}: {attr} must be >= 0")
+        self.spec = spec
+        extra = ",".join(f"{k}={overrides[k]}" for k in sorted(overrides))
+        self.name = f"sim:{spec.name}" + (f"[{extra}]" if extra else "")
+        self._units: dict[int, tuple] = {}     # id(unit) -> (unit, flops, bytes_moved, kernel)
+        self._stages: dict[tuple, float] = {}  # (strategy, kernels per group) -> seconds
+
+    # ------------------------------------------------------------------ one kernel
+    def kernel(self, flops: float, nbytes: float, work_items: float) -> _Kernel:
+        """(d, f, m): time at full rate without launch, fill fraction, bandwidth fraction."""
+        sp = self.spec
+        f = min(1.0, max(1.0, work_items) / sp.capacity)
+        g = min(1.0, f / sp.bw_fill)
+        t_mem = max(0.0, nbytes) / (sp.bandwidth * g)
+        d = max(max(0.0, flops) / (sp.peak_flops * f), t_mem)
+        m = (max(0.0, nbytes) / sp.bandwidth) / d if d > 0 else 0.0
+        return (d, f, m)
+
+    def _unit_kernel(self, unit: Unit) -> _Kernel:
+        hit = self._units.get(id(unit))
+        if hit is not None and hit[0] is unit and hit[1] == unit.flops and hit[2] == unit.bytes_moved:
+            return hit[3]
+        k = self.kernel(unit.flops, _unit_bytes(unit), _work_items(unit))
+        if len(self._units) > 500_000:
+            self._units.clear()
+        self._units[id(unit)] = (unit, unit.flops, unit.bytes_moved, k)
+        return k
+
+    def unit_latency(self, unit: Unit) -> float:
+        return self.spec.launch + self._unit_kernel(unit)[0]
+
+    # ------------------------------------------------------------------ stages
+    def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
+        groups = [g for g in groups if len(g)]
+        if not groups:
+            return 0.0
+        if strategy == "merge":
+            units = [u for g in groups for u in g]
+            if len(units) == 1:
+                return self.unit_latency(units[0])
+            return self.spec.launch + self.merged_kernel(units)[0]
+        if strategy != "concurrent":
+            raise InteropError(f"unknown stage strategy {strategy!r}")
+        kernels = tuple(tuple(self._unit_kernel(u) for u in g) for g in groups)
+        key = tuple(sorted(kernels))
+        hit = self._stages.get(key)
+        if hit is not None:
+            return hit
+        t = self._simulate(kernels)
+        if len(kernels) >= 2:
+            t += self.spec.stage_sync + (len(kernels) - 1) * self.spec.stream_overhead
+        if len(self._stages) > 500_000:
+            self._stages.clear()
+        self._stages[key] = t
+        return t
+
+    def merged_kernel(self, units: Sequence[Unit]) -> _Kernel:
+        """One kernel doing the work of ``units``, which read the same input tensor (read once)."""
+        flops = sum(u.flops for u in units)
+        shared = units[0].inputs[0].nbytes if units[0].inputs else 0
+        out_bytes = sum(t.nbytes for u in units for t in u.outputs)
+        nbytes = max(float(out_bytes), sum(_unit_bytes(u) for u in units) - (len(units) - 1) * shared)
+        return self.kernel(flops, nbytes, sum(_work_items(u) for u in units))
+
+    def _simulate(self, groups: tuple) -> float:
+        """Fluid simulation of concurrent chains of kernels sharing compute units and bandwidth."""
+        launch = self.spec.launch
+        if len(groups) == 1:
+            return sum(launch + k[0] for k in groups[0])
+        # per group: index of current kernel, remaining launch seconds, remaining work (seconds at rate 1)
+        idx = [0] * len(groups)
+        rem_launch = [launch] * len(groups)
+        rem_work = [g[0][0] for g in groups]
+        active = list(range(len(groups)))
+        t = 0.0
+        while active:
+            sf = sm = 0.0
+            for gi in active:
+                if rem_launch[gi] <= 0.0:
+                    _, f, m = groups[gi][idx[gi]]
+                    sf += f
+                    sm += m
+            rho = 1.0 / max(1.0, sf, sm)
+            dt = float("inf")
+            for gi in active:
+                if rem_launch[gi] > 0.0:
+                    dt = min(dt, rem_launch[gi])
+                else:
+                    dt = min(dt, rem_work[gi] / rho)
+            t += dt
+            nxt = []
+            for gi in active:
+                if rem_launch[gi] > 0.0:
+                    rem_launch[gi] -= dt
+                    if rem_launch[gi] <= 1e-15:
+                        rem_launch[gi] = 0.0
+                else:
+                    rem_work[gi] -= dt * rho
+                    if rem_work[gi] <= 1e-15 * max(1.0, t):
+                        idx[gi] += 1
+                        if idx[gi] == len(groups[gi]):
+                            continue
+                        rem_launch[gi] = launch
+                        rem_work[gi] = groups[gi][idx[gi]][0]
+                nxt.append(gi)
+            active = nxt
+        return t
+
+    @property
+    def device_fingerprint(self) -> str:
+        return self.name
+
+    def describe(self) -> str:
+        sp = self.spec
+        return (f"{sp.description or sp.name}: {sp.compute_units} units x {sp.lanes_per_unit} lanes, "
+                f"{sp.peak_flops / 1e12:.2f} TFLOP/s, {sp.bandwidth / 1e9:.0f} GB/s, launch {sp.launch * 1e6:.1f} us, "
+                f"sync {sp.stage_sync * 1e6:.1f} us + {sp.stream_overhead * 1e6:.1f} us/stream")
+
+    def __repr__(self) -> str:
+        return f"SimulatedDevice({self.name!r})"
+
+
+def _work_items(unit: Unit) -> float:
+    w = sum(t.numel for t in unit.outputs)
+    if w <= 0:
+        w = max(1.0, _unit_bytes(unit) / 4.0)
+    return float(w)
+
+
+def _unit_bytes(unit: Unit) -> float:
+    if unit.bytes_moved > 0:
+        return float(unit.bytes_moved)
+    return float(sum(t.nbytes for t in unit.inputs) + sum(t.nbytes for t in unit.outputs))
+
+
+def _factory(preset: str | None = None, **kwargs) -> SimulatedDevice:
+    return SimulatedDevice(preset or "h100", **kwargs)
+
+
+registry.register("sim", _factory)

@@ -1,0 +1,1 @@
+"""Kernel building and default schedules (CPU: ``cpu_schedule``)."""
