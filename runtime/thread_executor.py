@@ -95,12 +95,14 @@ class ThreadExecutor:
         self.cores = cores or _usable_cores()
         want = plan.max_concurrency()
         self.num_workers = max(1, min(num_workers or want, want))
+        # Stage mode may share storage between buffers whose stage intervals are disjoint (the plan says which).
+        # Dependency mode has no barriers, so no interval is known to be over: every buffer gets its own storage.
+        storage_of = [b["storage"] if mode == "stage" else i for i, b in enumerate(plan.buffers)]
         self.storages = {}
-        for b in plan.buffers:
-            sid = b["storage"]
+        for b, sid in zip(plan.buffers, storage_of):
             if sid not in self.storages:
                 self.storages[sid] = tvm.runtime.empty(tuple(b["shape"]), b["dtype"], self.device)
-        self.buffers = [self.storages[b["storage"]] for b in plan.buffers]
+        self.buffers = [self.storages[sid] for sid in storage_of]
         self._call_fns = [self._bind(i) for i in range(len(plan.calls))]
         self._workers: list[_Worker] = []
         self._inputs: list = []
