@@ -1,0 +1,57 @@
+"""tvm-interop as a pass in TVM's own build: ``tvm.compile(mod, target, relax_pipeline=pipeline(...))``.
+
+The pass prepares the module (legalize + fuse), schedules its units, rewrites ``main`` into schedule order with
+stream calls, then hands the result to TVM's default Relax pipeline (memory planning, VM lowering). The schedule
+is attached to the module as the attribute ``tvm_interop.schedule`` (JSON) so it can be inspected afterwards.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: int = 8,
+             max_block_size: int | None = None, **scheduler_options) -> tvm.transform.Pass:
+    """A module pass that schedules and lowers; use it as ``relax_pipeline`` of ``tvm.compile``."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_interop.Schedule")
+    def _schedule_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from .extract import extract
+        from .lower_streams import lower_to_relax
+        from .prepare import prepare
+        from .schedule import Schedule
+        from .schedulers import schedule_graph
+
+        target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
+        program = extract(prepare(mod, target))
+        if schedule is not None:
+            sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
+            sched.validate(program.graph)
+        else:
+            opts = dict(scheduler_options)
+            if scheduler == "greedy":
+                opts.setdefault("max_streams", max_streams)
+            sched = schedule_graph(program.graph, scheduler, cost if cost is not None else _default_cost(target),
+                                   max_block_size=max_block_size, **opts)
+        lowered = lower_to_relax(program, sched, target, max_streams=max_streams)
+        lowered = lowered.with_attr("tvm_interop.schedule", sched.dumps())
+        return _default_pipeline(target)(lowered)
+
+    return _schedule_pass
+
+
+def _default_cost(target: tvm.target.Target):
+    from .cost import registry
+
+    if "sim" not in registry.known():
+        return "unit"
+    return "sim:h100" if "gpu" in target.keys else "sim:cpu"
+
+
+def _default_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    if "gpu" in target.keys:
+        try:
+            return relax.get_default_pipeline(target)
+        except (ValueError, AttributeError):
+            pass
+    return relax.get_pipeline("default")
