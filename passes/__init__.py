@@ -4,13 +4,7 @@ Importing this package is cheap; modules that need TVM's compiler import it them
 """
 from .graph import OpGraph, TensorInfo, Unit
 from .schedule import Schedule, Stage
-
-
-def pipeline(*args, **kwargs):
-    """The tvm-interop pass for ``tvm.compile(..., relax_pipeline=...)``; see ``passes.pipeline``."""
-    from .pipeline import pipeline as make
-
-    return make(*args, **kwargs)
+from .pipeline import pipeline  # noqa: E402  (the function shadows the submodule name on purpose)
 
 
 __all__ = ["OpGraph", "TensorInfo", "Unit", "Schedule", "Stage", "pipeline"]

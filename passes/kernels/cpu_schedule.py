@@ -326,77 +326,148 @@ def _vector_axis(stmt, spatial):
     return None
 
 
-def _finish_tile(sch, red, epilogue, prologue, outer_loops, red_loops, ui, vi, work, lanes):
-    """cache_write + epilogue fusion + decompose_reduction + parallel/vectorise; shared by the plans."""
-    write_back = None
-    try:
-        write_back = sch.cache_write(red, 0, "local")
-        sch.reverse_compute_at(write_back, outer_loops[-1], preserve_unit_loops=True)
-    except Exception:
-        raise
-    fused_epilogue = False
-    if epilogue is not None:
-        try:
-            sch.reverse_compute_inline(epilogue)
-            fused_epilogue = True
-        except Exception as err:  # keep it as its own stage
-            log.debug("reverse_compute_inline of epilogue failed: %s", err)
-    # annotate before decompose_reduction: the update block alone is neither complete nor a reduction block
-    if ui is not None and _extent(sch, ui) > 1:
-        sch.unroll(ui)
-    sch.vectorize(vi)
-    wb_loops = sch.get_loops(write_back)[len(outer_loops):]
-    if wb_loops and _extent(sch, wb_loops[-1]) > 1:
-        sch.vectorize(wb_loops[-1])
-    _parallel_outer(sch, outer_loops, work)
-    if red_loops:
-        init = sch.decompose_reduction(red, red_loops[0])
-        init_last = sch.get_loops(init)[-1]
-        if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
-            sch.vectorize(init_last)
-    if epilogue is not None and not fused_epilogue:
-        _schedule_spatial(sch, epilogue, lanes)
-    for b in prologue:
-        _schedule_spatial(sch, b, lanes)
+class _VecChoice:
+    """How to vectorise along one spatial axis of a reduction block."""
+
+    def __init__(self, iv, score, tile, exact, deps, repack, transpose_acc):
+        self.iv = iv  # the block iterator
+        self.score = score
+        self.tile = tile  # vector tile (elements)
+        self.exact = exact  # tile divides the extent
+        self.deps = deps  # indices of the reads that depend on the axis
+        self.repack = repack  # indices of the reads to repack with the axis innermost
+        self.transpose_acc = transpose_acc  # the accumulator tile needs the axis moved innermost
+
+
+def _dims_using(region, var) -> list[int]:
+    return [d for d, r in enumerate(region.region) if _uses(r.min, var)]
+
+
+def _analyse_vec_axis(stmt, iv, v_out, lanes, work) -> _VecChoice | None:
+    ext = _int(iv.dom.extent)
+    deps, repack, strided = [], [], False
+    for idx, rd in enumerate(stmt.reads):
+        c = _coeff(_flat_offset(rd), iv.var)
+        if c is None:
+            return None
+        if c == 0:
+            continue
+        deps.append(idx)
+        if c == 1:
+            continue
+        dims = _dims_using(rd, iv.var)
+        buf = _buf(rd)
+        size = math.prod(_int(d) or 0 for d in buf.shape)
+        if (len(dims) == 1 and isinstance(rd.region[dims[0]].min, tirx.Var)
+                and rd.region[dims[0]].min.same_as(iv.var) and 0 < size * 8 <= work):
+            repack.append(idx)  # e.g. conv weights [F, C, KH, KW] -> [F/16, C, KH, KW, 16]
+        elif abs(c) <= 4 and iv.same_as(v_out):
+            strided = True  # e.g. the input of a strided conv / pooling: gathers
+        else:
+            return None
+    if not deps:
+        return None
+    if iv.same_as(v_out):
+        tile, exact = _choose_vec_tile(ext, lanes)
+    else:
+        # the accumulator gets transposed, so use whole vectors only
+        tile = next((t for t in (2 * lanes, lanes) if ext % t == 0), None)
+        if tile is None:
+            return None
+        exact = True
+    util = tile / (math.ceil(tile / lanes) * lanes)
+    score = util * (0.5 if strided else 1.0) * (0.97 if repack else 1.0) * (1.0 if exact else 0.6)
+    if not iv.same_as(v_out):
+        score *= 0.99
+    return _VecChoice(iv, score, tile, exact, deps, repack, not iv.same_as(v_out))
+
+
+def _choose_row_tile(extent: int, max_rows: int) -> tuple[int, bool]:
+    """Rows of the register tile: a divisor of ``extent`` if a good one exists, else a predicated split."""
+    max_rows = max(1, min(max_rows, extent))
+    d = _best_divisor_at_most(extent, max_rows)
+    if 2 * d >= max_rows or d == extent:
+        return d, True
+    # no good divisor (a prime like 17): the fewest tiles, then the least waste
+    best = min(range((max_rows + 1) // 2, max_rows + 1), key=lambda t: (math.ceil(extent / t), t * math.ceil(extent / t)))
+    return best, False
+
+
+def _index_dtype(region) -> str:
+    shape = _buf(region).shape
+    if not len(shape):
+        return "int64"
+    dim = shape[0]
+    dtype = getattr(dim, "dtype", None) or getattr(getattr(dim, "ty", None), "dtype", None)
+    return str(dtype) if dtype is not None else "int64"
+
+
+def _repack_map(dim: int, tile: int):
+    """Index map [.., d, ..] -> [d // tile, .., .., d % tile] (e.g. OIHW -> O/16, I, H, W, 16)."""
+
+    def fmap(*idx):
+        rest = [x for d, x in enumerate(idx) if d != dim]
+        return [idx[dim] // tile, *rest, idx[dim] % tile]
+
+    return fmap
+
+
+def _innermost_map(dim: int):
+    """Index map moving dimension ``dim`` innermost (e.g. NCHW -> NHWC for an accumulator tile)."""
+
+    def fmap(*idx):
+        return [x for d, x in enumerate(idx) if d != dim] + [idx[dim]]
+
+    return fmap
 
 
 def _plan_spatial_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
     red, prologue, epilogue = _prepare(sch)
     stmt = sch.get(red)
     spatial, reduction = _spatial_and_reduction_loops(sch, red)
-    v = _vector_axis(stmt, spatial)
-    if v is None:
-        raise _Skip("no vectorisable output axis")
-    # every read must be contiguous, invariant or short-strided along v
-    v_reads = []
-    for rd in stmt.reads:
-        c = _coeff(_flat_offset(rd), v.var)
-        if c is None or abs(c) > 4:
-            raise _Skip(f"read of {_buf(rd).name} is strided by {c} along the vector axis")
-        if c != 0:
-            v_reads.append(rd)
-    if not v_reads:
-        raise _Skip("no read depends on the vector axis")
-    # u: the largest spatial axis that some v-dependent read does not depend on (its loads get reused u_i times)
-    u, u_ext = None, 1
+    red_extent = math.prod(_int(iv.dom.extent) for _, iv in reduction) if reduction else 1
+    work = math.prod(_int(iv.dom.extent) for _, iv in spatial) * red_extent
+    v_out = _vector_axis(stmt, spatial)
+
+    choices = []
     for _, iv in spatial:
+        if _int(iv.dom.extent) > 1:
+            ch = _analyse_vec_axis(stmt, iv, v_out, lanes, work)
+            if ch is not None:
+                choices.append(ch)
+    if not choices:
+        raise _Skip("no vectorisable axis")
+    vc = max(choices, key=lambda c: c.score)
+    v = vc.iv
+    dep_reads = [stmt.reads[i] for i in vc.deps]
+
+    # u: a spatial axis some v-dependent read does not depend on: one vector load then feeds u_t FMAs.
+    u, u_key = None, None
+    for pos, (_, iv) in enumerate(spatial):
         ext = _int(iv.dom.extent)
         if iv.same_as(v) or ext <= 1:
             continue
-        if any(not _region_uses(rd, iv.var) for rd in v_reads) and ext > u_ext:
-            u, u_ext = iv, ext
-    v_ext = _int(v.dom.extent)
-    vt, _exact = _choose_vec_tile(v_ext, lanes)
-    regs = math.ceil(vt / lanes)
-    ut = _best_divisor_at_most(u_ext, max(1, acc_regs // regs)) if u is not None else 1
+        if any(not _region_uses(rd, iv.var) for rd in dep_reads):
+            key = (min(ext, 64), pos)  # big enough extent, then the innermost
+            if u_key is None or key > u_key:
+                u, u_key = iv, key
+    regs = math.ceil(vc.tile / lanes)
+    ut, _ = _choose_row_tile(_int(u.dom.extent), acc_regs // regs) if u is not None else (1, True)
 
-    red_extent = math.prod(_int(iv.dom.extent) for _, iv in reduction) if reduction else 1
-    work = math.prod(_int(iv.dom.extent) for _, iv in spatial) * red_extent
+    # repack the reads that are strided along v (weights) so that v is their innermost dimension
+    repack_blocks = []
+    for idx in vc.repack:
+        rd = sch.get(red).reads[idx]
+        ndim = len(rd.region)
+        (dim,) = _dims_using(rd, v.var)
+        repack_blocks.append(sch.cache_read(red, idx, "global"))
+        imap = tirx.IndexMap.from_func(_repack_map(dim, vc.tile), ndim=ndim, index_dtype=_index_dtype(rd))
+        sch.transform_layout(red, ("read", idx), imap)
 
     outer, ui, vi = [], None, None
     for lp, iv in spatial:
         if iv.same_as(v):
-            vo, vi = sch.split(lp, factors=[None, vt])
+            vo, vi = sch.split(lp, factors=[None, vc.tile])
             outer.append(vo)
         elif u is not None and iv.same_as(u) and ut > 1:
             uo, ui = sch.split(lp, factors=[None, ut])
@@ -406,7 +477,40 @@ def _plan_spatial_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) ->
     red_loops = [lp for lp, _ in reduction]
     inner = ([ui] if ui is not None else []) + [vi]
     sch.reorder(*outer, *red_loops, *inner)
-    _finish_tile(sch, red, epilogue, prologue, outer, red_loops, ui, vi, work, lanes)
+
+    # accumulate in a local (register) tile, written back (with the epilogue) after the reduction
+    write_back = sch.cache_write(red, 0, "local")
+    if vc.transpose_acc:
+        wr = sch.get(red).writes[0]
+        (dim,) = _dims_using(wr, v.var)
+        ndim = len(wr.region)
+        imap = tirx.IndexMap.from_func(_innermost_map(dim), ndim=ndim, index_dtype=_index_dtype(wr))
+        sch.transform_layout(red, ("write", 0), imap)
+    sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
+    fused_epilogue = False
+    if epilogue is not None:
+        try:
+            sch.reverse_compute_inline(epilogue)
+            fused_epilogue = True
+        except Exception as err:  # keep it as its own stage
+            log.debug("reverse_compute_inline of the epilogue failed: %s", err)
+    # annotate before decompose_reduction: the update block alone is neither complete nor a reduction block
+    if ui is not None and _extent(sch, ui) > 1:
+        sch.unroll(ui)
+    sch.vectorize(vi)
+    wb_loops = sch.get_loops(write_back)[len(outer):]
+    if wb_loops and not vc.transpose_acc and _extent(sch, wb_loops[-1]) > 1:
+        sch.vectorize(wb_loops[-1])
+    _parallel_outer(sch, outer, work)
+    if red_loops:
+        init = sch.decompose_reduction(red, red_loops[0])
+        init_last = sch.get_loops(init)[-1]
+        if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
+            sch.vectorize(init_last)
+    if epilogue is not None and not fused_epilogue:
+        _schedule_spatial(sch, epilogue, lanes)
+    for b in prologue + repack_blocks:
+        _schedule_spatial(sch, b, lanes)
 
 
 def _plan_reduction_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
@@ -444,13 +548,16 @@ def _plan_reduction_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) 
     ki_loop = red_loops[-1]
     rest = red_loops[:-1]
     sch.reorder(*outer, *rest, *([ji] if ji is not None else []), ki_loop)
-    init = sch.decompose_reduction(rf, rest[0] if rest else ki_loop)
-    init_loops = sch.get_loops(init)
-    sch.vectorize(init_loops[-1])
+    # annotate before decompose_reduction (the update block alone is neither complete nor a reduction)
     if ji is not None:
         sch.unroll(ji)
     sch.vectorize(ki_loop)
     _parallel_outer(sch, outer, work)
+    if rest:
+        init = sch.decompose_reduction(rf, rest[0])
+        init_last = sch.get_loops(init)[-1]
+        if sch.get(init_last).kind != tirx.ForKind.VECTORIZED:
+            sch.vectorize(init_last)
     # final reduction over the lanes: keep at root, parallel over its spatial loops
     fin_loops = sch.get_loops(red)
     _parallel_outer(sch, fin_loops[:n_sp], math.prod(_extent(sch, lp) for lp in fin_loops[:n_sp]) * lanes * 64)
@@ -546,7 +653,7 @@ def schedule_cpu(func: tirx.PrimFunc, target=None, *, plan: str | None = None) -
         try:
             sch = s_tir.Schedule(func)
             plan_fn(sch, lanes, acc_regs)
-            out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            out = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_interop.cpu_plan": plan_name})
             log.debug("cpu_schedule: %s scheduled with plan %s", name, plan_name)
             return out
         except _Skip as why:
@@ -570,3 +677,95 @@ def apply_cpu_schedules(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     for gvar, func in updates.items():
         mod[gvar] = func
     return mod
+
+
+# ----------------------------------------------------------------------------------------------- benchmark
+_BENCH_LAYERS = {
+    # name: (N, C, H, W, F, (KH, KW), stride, (pad_h, pad_w))
+    "resnet_3x3_64x56": (1, 64, 56, 56, 64, (3, 3), 1, (1, 1)),
+    "incv3_3x3_192x35": (1, 192, 35, 35, 192, (3, 3), 1, (1, 1)),
+    "incv3_stem_3x3_s2": (1, 3, 299, 299, 32, (3, 3), 2, (0, 0)),
+    "incv3_1x1_768x17": (1, 768, 17, 17, 192, (1, 1), 1, (0, 0)),
+    "incv3_1x7_160x17": (1, 160, 17, 17, 160, (1, 7), 1, (0, 3)),
+}
+
+
+def _bench_module(layer):
+    import numpy as np
+    from tvm import relax
+
+    n, c, h, w, f, (kh, kw), stride, pad = layer
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, h, w), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wt = relax.const((rng.standard_normal((f, c, kh, kw)) * 0.1).astype("float32"))
+            y = bb.emit(relax.op.nn.conv2d(x, wt, strides=stride, padding=pad))
+            y = bb.emit(relax.op.add(y, relax.const(rng.standard_normal((1, f, 1, 1)).astype("float32"))))
+            gv = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+        bb.emit_func_output(gv)
+    mod = relax.get_pipeline("zero")(bb.get())
+    oh = (h + 2 * pad[0] - kh) // stride + 1
+    ow = (w + 2 * pad[1] - kw) // stride + 1
+    return mod, 2 * n * f * c * kh * kw * oh * ow
+
+
+def _median_time(vm, args, repeat: int, min_time: float) -> float:
+    import statistics
+    import time
+
+    vm["main"](*args)
+    t0 = time.perf_counter()
+    vm["main"](*args)
+    number = max(1, int(min_time / max(time.perf_counter() - t0, 1e-7)))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            vm["main"](*args)
+        samples.append((time.perf_counter() - t0) / number)
+    return statistics.median(samples)
+
+
+def _bench(argv=None) -> None:
+    import argparse
+    import json
+
+    import numpy as np
+    from tvm import relax
+
+    ap = argparse.ArgumentParser(description="default TVM CPU build vs schedule_cpu on conv layers")
+    ap.add_argument("--target", default="host",
+                    help='"llvm", "host" (llvm with -mcpu of this machine) or a JSON target dict')
+    ap.add_argument("--layers", default="resnet_3x3_64x56,incv3_3x3_192x35",
+                    help=f"comma-separated subset of {sorted(_BENCH_LAYERS)} or 'all'")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--no-default", action="store_true", help="skip timing the (slow) unscheduled build")
+    args = ap.parse_args(argv)
+    if args.target == "host":
+        target = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    elif args.target.startswith("{"):
+        target = tvm.target.Target(json.loads(args.target))
+    else:
+        target = tvm.target.Target(args.target)
+    names = sorted(_BENCH_LAYERS) if args.layers == "all" else args.layers.split(",")
+    print(f"target {target}  lanes {vector_lanes(target)}  threads {_num_threads()}")
+    for name in names:
+        mod, flops = _bench_module(_BENCH_LAYERS[name])
+        shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+        x = [tvm.runtime.tensor(np.random.default_rng(1).standard_normal(shape).astype("float32"))]
+        smod = apply_cpu_schedules(mod, target)
+        vm_s = relax.VirtualMachine(tvm.compile(smod, target), tvm.cpu())
+        t_s = _median_time(vm_s, x, args.repeat, 0.2)
+        line = f"{name:22s} scheduled {t_s * 1e3:8.2f} ms ({flops / t_s / 1e9:5.1f} GFLOP/s)"
+        if not args.no_default:
+            vm_d = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
+            np.testing.assert_allclose(vm_s["main"](*x).numpy(), vm_d["main"](*x).numpy(), rtol=1e-4, atol=1e-4)
+            t_d = _median_time(vm_d, x, max(3, args.repeat // 2), 0.1)
+            line += f"  default {t_d * 1e3:8.2f} ms ({flops / t_d / 1e9:5.1f} GFLOP/s)  speedup {t_d / t_s:5.1f}x"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    _bench()
