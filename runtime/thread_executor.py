@@ -71,11 +71,30 @@ class _Worker:
         self.tasks.put(None)
 
 
+class WorkerPool:
+    """Workers shared by many short-lived executors (the measured cost model times thousands of stages; each
+    worker keeps its TVM thread pool, so pools are not re-created per measurement)."""
+
+    def __init__(self):
+        self._workers: list[_Worker] = []
+
+    def get(self, n: int) -> list[_Worker]:
+        while len(self._workers) < n:
+            self._workers.append(_Worker(len(self._workers)))
+        return self._workers[:n]
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.stop()
+        self._workers = []
+
+
 class ThreadExecutor:
     """Run an ExecutionPlan with kernels from a TVM library on a fixed pool of CPU worker threads."""
 
     def __init__(self, plan: ExecutionPlan, lookup_kernel: Callable[[str], object], constants: Sequence,
-                 device=None, mode: str = "stage", num_workers: int | None = None, cores: int | None = None):
+                 device=None, mode: str = "stage", num_workers: int | None = None, cores: int | None = None,
+                 workers: "WorkerPool | None" = None):
         if mode not in ("stage", "dependency"):
             raise InteropError(f"unknown execution mode {mode!r}; use 'stage' or 'dependency'")
         self.plan = plan
@@ -104,6 +123,7 @@ class ThreadExecutor:
                 self.storages[sid] = tvm.runtime.empty(tuple(b["shape"]), b["dtype"], self.device)
         self.buffers = [self.storages[sid] for sid in storage_of]
         self._call_fns = [self._bind(i) for i in range(len(plan.calls))]
+        self._shared_pool = workers
         self._workers: list[_Worker] = []
         self._inputs: list = []
         self._lock = threading.Lock()
@@ -130,11 +150,15 @@ class ThreadExecutor:
 
     def _ensure_workers(self) -> None:
         if not self._workers and self.num_workers > 1:
-            self._workers = [_Worker(i) for i in range(self.num_workers)]
+            if self._shared_pool is not None:
+                self._workers = self._shared_pool.get(self.num_workers)
+            else:
+                self._workers = [_Worker(i) for i in range(self.num_workers)]
 
     def close(self) -> None:
-        for w in self._workers:
-            w.stop()
+        if self._shared_pool is None:
+            for w in self._workers:
+                w.stop()
         self._workers = []
 
     def __del__(self):  # pragma: no cover - best effort

@@ -66,6 +66,7 @@ class CompiledModel:
     program: object = field(repr=False)
     target: str = "llvm"
     timings: dict = field(default_factory=dict)
+    guard: object = None  # passes.guard.GuardResult when the never-slower guard ran
 
     def run(self, *inputs, numpy: bool = True):
         return self.runner.run(*inputs, numpy=numpy)
@@ -96,7 +97,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             executor: str | None = None, mode: str = "stage", batch_size: int = 1, image_size: int | None = None,
             width: float = 1.0, max_streams: int = 8, max_block_size: int | None = None,
             num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
-            shape_dict: dict | None = None) -> CompiledModel:
+            shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
+            guard_repeat: int = 15) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -123,28 +125,70 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     program = prepare_program(mod, target, name=model_name)
     timings["prepare"] = time.perf_counter() - t
     t = time.perf_counter()
+    cost_model = None
+    measured = isinstance(cost, str) and cost.startswith("measured")
     if schedule is not None:
         sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
         sched.validate(program.graph)
     else:
         if cost is None:
             cost = _default_cost(device_kind)
+        if measured:
+            from passes.cost.measured import MeasuredCostModel
+
+            cost = cost_model = MeasuredCostModel(program, target, cache=cost_cache, batch=batch_size)
         opts = dict(scheduler_options or {})
         if scheduler in ("greedy",):
             opts.setdefault("max_streams", max_streams)
-        sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
-                               model_name=model_name, batch=batch_size, **opts)
+        try:
+            sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
+                                   model_name=model_name, batch=batch_size, **opts)
+        finally:
+            if cost_model is not None:
+                cost_model.close()
+        if cost_model is not None:
+            sched.search.update(cost_model.stats())
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
-    plan = make_plan(program, sched, mode=mode, meta={"model": model_name, "scheduler": sched.scheduler,
-                                                      "target": str(target), "device": device_kind, "mode": mode})
-    library = build_library(program, sched, plan, target, max_streams=max_streams)
+
+    def build(s):
+        p = make_plan(program, s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
+                                                   "target": str(target), "device": device_kind, "mode": mode})
+        return p, build_library(program, s, p, target, max_streams=max_streams)
+
+    plan, library = build(sched)
     timings["build"] = time.perf_counter() - t
+    guard_result = None
+    if guard is None:
+        guard = measured
+    if guard and device_kind == "cpu" and sched.scheduler != "sequential":
+        from passes.guard import compare_plans, decide
+        from passes.lower import make_plan as _plan
+
+        t = time.perf_counter()
+        seq = schedule_graph(program.graph, "sequential", "unit", model_name=model_name, batch=batch_size)
+        times = compare_plans(library, {"scheduled": plan, "sequential": _plan(program, seq, mode=mode)},
+                              repeat=guard_repeat)
+        guard_result = decide(times)
+        sched.measured_latency = guard_result.scheduled_ms / 1e3
+        if not guard_result.keep_schedule:
+            log.warning("never-slower guard: %s schedule measured %.3f ms vs sequential %.3f ms (noise %.1f%%); "
+                        "shipping sequential", sched.scheduler, guard_result.scheduled_ms,
+                        guard_result.sequential_ms, guard_result.noise * 100)
+            seq.measured_latency = guard_result.sequential_ms / 1e3
+            seq.search["guard_rejected"] = sched.scheduler
+            sched = seq
+            plan, library = build(sched)
+        else:
+            log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms: keeping the schedule",
+                     sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms)
+        timings["guard"] = time.perf_counter() - t
     runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers)
     timings["total"] = time.perf_counter() - t0
     log.info("compiled %s: %d units, %d stages (%s) in %.1f s", model_name, len(program.graph), sched.num_stages,
              sched.scheduler, timings["total"])
-    return CompiledModel(runner=runner, schedule=sched, program=program, target=str(target), timings=timings)
+    return CompiledModel(runner=runner, schedule=sched, program=program, target=str(target), timings=timings,
+                         guard=guard_result)
 
 
 def _default_cost(device_kind: str):

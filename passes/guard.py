@@ -1,0 +1,72 @@
+"""The never-slower guard: measure the chosen schedule against sequential with the same kernels; ship the faster.
+
+A scheduler's prediction can be wrong (a cost model is a model). Before shipping, both plans run on the real
+executor with identical kernels and inputs, interleaved so that machine noise hits both alike; the scheduled
+program ships only if it is not slower than sequential by more than the measured noise.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GuardResult:
+    scheduled_ms: float
+    sequential_ms: float
+    noise: float          # relative spread (IQR / median) of the measurements, at least 1%
+    keep_schedule: bool
+    repeat: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def compare_plans(library, plans: dict, device_kind: str = "cpu", repeat: int = 15, warmup: int = 2,
+                  seed: int = 0) -> dict[str, list[float]]:
+    """Run each plan (same kernels, same inputs) ``repeat`` times, interleaved; seconds per run per plan."""
+    import time
+
+    import tvm
+
+    from runtime.model import CONSTANTS_FUNC, _kernel_library, _lookup
+    from runtime.thread_executor import ThreadExecutor
+
+    if device_kind != "cpu":
+        raise NotImplementedError("the in-process guard measures CPU plans; GPU plans are checked on the device")
+    vm = tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))
+    constants = list(vm[CONSTANTS_FUNC]())
+    lib = _kernel_library(library)
+    any_plan = next(iter(plans.values()))
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in any_plan.inputs]
+    executors = {k: ThreadExecutor(p, lambda n: _lookup(lib, n), constants, tvm.cpu(0)) for k, p in plans.items()}
+    times: dict[str, list[float]] = {k: [] for k in plans}
+    try:
+        for ex in executors.values():
+            ex._inputs = ex._check_inputs(inputs)
+            for _ in range(warmup):
+                ex.run_raw()
+        for _ in range(repeat):
+            for k, ex in executors.items():
+                t0 = time.perf_counter()
+                ex.run_raw()
+                times[k].append(time.perf_counter() - t0)
+    finally:
+        for ex in executors.values():
+            ex.close()
+    return times
+
+
+def decide(times: dict[str, list[float]]) -> GuardResult:
+    sched = np.array(times["scheduled"])
+    seq = np.array(times["sequential"])
+    med_s, med_q = float(np.median(sched)), float(np.median(seq))
+    iqr = lambda a: float(np.percentile(a, 75) - np.percentile(a, 25)) / max(float(np.median(a)), 1e-12)  # noqa: E731
+    noise = max(0.01, iqr(sched), iqr(seq))
+    keep = med_s <= med_q * (1.0 + noise)
+    return GuardResult(med_s * 1e3, med_q * 1e3, noise, keep, len(sched))

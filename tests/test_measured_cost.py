@@ -1,0 +1,94 @@
+"""Measured cost model (real kernels, worker threads), its persistent cache, and the never-slower guard."""
+import json
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import tvm_interop
+from passes.cost.cache import CostCache, CostCacheError
+from passes.cost.measured import MeasuredCostModel
+
+
+@pytest.fixture(scope="module")
+def program(branchy_model):
+    return tvm_interop.api.prepare_program(branchy_model, name="branchy")
+
+
+def test_measures_units_and_stages_and_caches(program, tmp_path):
+    cache = tmp_path / "cc.json"
+    cost = MeasuredCostModel(program, cache=cache, repeat=3)
+    units = program.graph.units
+    lat = [cost.unit_latency(u) for u in units]
+    assert all(t > 0 for t in lat)
+    convs = [u for u in units if u.kind == "conv2d"][:2]
+    both = cost.stage_latency([[convs[0]], [convs[1]]])
+    chain = cost.stage_latency([[convs[0], convs[1]]])
+    assert both > 0 and chain > 0
+    measured = cost.measurements
+    assert measured >= len({u.func_name for u in units})
+    assert cost.stage_latency([[convs[1]], [convs[0]]]) == both  # same stage, other order: memoised
+    assert cost.measurements == measured
+    cost.close()
+    data = json.loads(cache.read_text())
+    assert data["device"] == cost.device_fingerprint and len(data["entries"]) >= 3
+    again = MeasuredCostModel(program, cache=cache, repeat=3)
+    assert again.stage_latency([[convs[0]], [convs[1]]]) == both
+    assert again.measurements == 0 and again.cache_hits == 1
+    again.close()
+
+
+def test_foreign_cache_is_refused(tmp_path):
+    p = tmp_path / "cc.json"
+    p.write_text(json.dumps({"format": "tvm-interop-cost-cache", "version": 1, "device": "cpu:Other CPU:64cores",
+                             "tvm_version": "0.27.0.post1", "entries": {"k": 1.0}}))
+    with pytest.raises(CostCacheError, match="measured on 'cpu:Other CPU:64cores'"):
+        CostCache(p, device="cpu:This:2cores", tvm_version="0.27.0.post1")
+    p.write_text(json.dumps({"format": "tvm-interop-cost-cache", "version": 1, "device": "d",
+                             "tvm_version": "0.1", "entries": {}}))
+    with pytest.raises(CostCacheError, match="TVM 0.1"):
+        CostCache(p, device="d", tvm_version="0.27.0.post1")
+
+
+def test_corrupt_cache_is_reported_and_rebuilt(tmp_path, caplog):
+    p = tmp_path / "cc.json"
+    p.write_text('{"format": "tvm-interop-cost-cache", "entr')
+    c = CostCache(p, device="d", tvm_version="v")
+    assert c.entries == {} and "corrupt" in c.rebuilt_reason
+    assert any("corrupt" in r.message for r in caplog.records)
+    c.put("a", 1.5)
+    c.flush()
+    assert CostCache(p, device="d", tvm_version="v").get("a") == 1.5
+
+
+def _writer(path, prefix, n):
+    c = CostCache(path, device="d", tvm_version="v")
+    for i in range(n):
+        c.put(f"{prefix}{i}", float(i))
+        if i % 7 == 0:
+            c.flush()
+    c.flush()
+
+
+def test_concurrent_writers_merge(tmp_path):
+    p = str(tmp_path / "cc.json")
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(p, f"w{k}-", 50)) for k in range(2)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(60)
+        assert pr.exitcode == 0
+    c = CostCache(p, device="d", tvm_version="v")
+    assert len(c.entries) == 100
+
+
+def test_compile_with_measured_cost_and_guard(branchy_model, branchy_input, branchy_reference, tmp_path):
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", cost="measured", cost_cache=tmp_path / "cc.json",
+                             guard_repeat=5)
+    assert cm.guard is not None and cm.guard.repeat == 5
+    assert cm.guard.scheduled_ms > 0 and cm.guard.sequential_ms > 0
+    # whichever schedule shipped, it is the one the guard kept, and it computes the same numbers
+    assert cm.schedule.scheduler == ("greedy" if cm.guard.keep_schedule else "sequential")
+    np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4)
+    cm.close()
