@@ -98,6 +98,11 @@ def _prim_func_flops(func: tvm.tirx.PrimFunc) -> float:
 
 def extract(mod: tvm.IRModule, name: str = "model") -> Program:
     """Build the Program (and its OpGraph) from a module prepared by ``passes.prepare``."""
+    import json
+
+    from .prepare import CONV_ATTRS, weight_key
+
+    conv_table = json.loads(str(mod.attrs[CONV_ATTRS])) if mod.attrs and CONV_ATTRS in mod.attrs else {}
     main = mod["main"]
     params = list(main.params)
     input_names = [p.name for p in params]
@@ -175,7 +180,11 @@ def extract(mod: tvm.IRModule, name: str = "model") -> Program:
                 if args and args[0].kind in ("unit", "input"):
                     attrs["data"] = args[0].describe()
                 if kind in ("conv2d", "conv1d", "conv3d") and len(args) > 1 and args[1].kind == "const":
-                    attrs["weight_shape"] = list(constants[args[1].index].shape)
+                    weight = constants[args[1].index]
+                    attrs["weight_shape"] = list(weight.shape)
+                    conv = conv_table.get(weight_key(weight)) if kind == "conv2d" else None
+                    if conv is not None:
+                        attrs["conv"] = conv
                 bytes_moved = float(sum(t.nbytes for t in in_infos) + sum(t.nbytes for t in outs))
                 unit = Unit(name=uname, kind=kind, inputs=in_infos, outputs=outs, flops=flops_cache[func_name],
                             bytes_moved=bytes_moved, func_name=func_name, attrs=attrs)

@@ -7,6 +7,8 @@ handle fails here with a message naming the problem, not deep inside TVM.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 
@@ -71,12 +73,51 @@ def _unlegalized_ops(mod: tvm.IRModule) -> list[str]:
     return found
 
 
+CONV_ATTRS = "tvm_interop.conv_attrs"
+
+
+def weight_key(array) -> str:
+    """Content key of a weight tensor: how a fused unit finds the convolution it came from."""
+    import numpy as np
+
+    a = np.ascontiguousarray(array)
+    return hashlib.sha1(a.tobytes() + str(a.shape).encode() + str(a.dtype).encode()).hexdigest()[:20]
+
+
+def collect_conv_attrs(mod: tvm.IRModule) -> dict[str, dict]:
+    """Attributes of every ``relax.nn.conv2d`` whose weight is a constant, keyed by the weight's content.
+
+    Fusion turns convolutions into TIR, where strides and padding are only implicit; the operator merge (and the
+    simulated cost of a merged convolution) need them, so we record them before legalization.
+    """
+    table: dict[str, dict] = {}
+    conv_op = tvm.ir.Op.get("relax.nn.conv2d")
+    const_type = tvm.ir.expr.GenericConst
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(conv_op) and isinstance(e.args[1], const_type):
+            at = e.attrs
+            w = e.args[1].value.numpy()
+            table[weight_key(w)] = {
+                "strides": [int(v) for v in at.strides], "padding": [int(v) for v in at.padding],
+                "dilation": [int(v) for v in at.dilation], "groups": int(at.groups),
+                "data_layout": str(at.data_layout), "kernel_layout": str(at.kernel_layout),
+                "kernel_shape": [int(v) for v in w.shape],
+            }
+
+    for _gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return table
+
+
 def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None) -> tvm.IRModule:
     """Check ``mod`` and run legalize + fusion. Returns the fused module (main = call_tir bindings)."""
     if not isinstance(mod, tvm.IRModule):
         raise UnsupportedModelError(f"expected a tvm.IRModule, got {type(mod).__name__}")
     check_static_inputs(mod)
     t0 = time.perf_counter()
+    conv_table = collect_conv_attrs(mod)
     ctx_target = tvm.target.Target(target) if isinstance(target, str) else target
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
     try:
@@ -97,4 +138,4 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None) 
         [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     )(legal)
     log.info("prepare: legalize + fuse took %.2f s", time.perf_counter() - t0)
-    return fused
+    return fused.with_attr(CONV_ATTRS, json.dumps(conv_table))
