@@ -12,6 +12,9 @@ scaled so the activations stay O(1).
 Arguments of :func:`get_model`: ``width`` multiplies every channel count (``max(1, round(c * width))``),
 ``image_size`` sets H = W (default: the paper's), ``depth`` shrinks the repeated part of the model
 (see each model's ``depth_param``; ``None`` = the paper's value).
+
+:func:`build_with_reference` also returns a seeded probe image and the builder's own numpy forward pass
+on it (an independent reference for checking what TVM computes).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tvm
 from . import googlenet, inception_v3, nasnet, randwire, resnet, squeezenet
 from .layers import ImageTooSmall, NetBuilder
 
-__all__ = ["ModelSpec", "MODELS", "list_models", "get_model", "input_shape", "ImageTooSmall"]
+__all__ = ["ModelSpec", "MODELS", "list_models", "get_model", "input_shape", "build_with_reference", "ImageTooSmall"]
 
 
 @dataclass(frozen=True)
