@@ -1,0 +1,62 @@
+"""The tvm-interop command line, end to end on a small zoo model."""
+import json
+
+import pytest
+
+from tvm_interop.cli import main
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    so, sj = d / "m.so", d / "s.json"
+    rc = main(["compile", "squeezenet", "--width", "0.125", "--image-size", "32", "--scheduler", "greedy",
+               "-o", str(so), "--schedule-out", str(sj), "--quiet"])
+    assert rc == 0
+    return d, so, sj
+
+
+def test_compile_writes_outputs(built, capsys):
+    d, so, sj = built
+    assert so.exists() and sj.exists()
+    assert json.loads(sj.read_text())["scheduler"] == "greedy"
+
+
+def test_run_prints_median(built, capsys):
+    _, so, _ = built
+    assert main(["run", str(so), "--repeat", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["median_ms"] > 0 and out["model"] == "squeezenet" and out["output_shape"] == [1, 1000]
+
+
+def test_show_text_trace_png(built, capsys, tmp_path):
+    _, so, sj = built
+    assert main(["show", str(sj)]) == 0
+    assert "concurrent" in capsys.readouterr().out
+    trace = tmp_path / "t.json"
+    assert main(["show", str(so), "--trace", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    sched = json.loads(sj.read_text())
+    assert sorted(e["name"] for e in slices) == sorted(u for st in sched["stages"] for g in st["groups"] for u in g)
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "g.png"
+    assert main(["show", str(so), "--png", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_models_listing(capsys):
+    assert main(["models", "--no-count", "--json"]) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
+    assert {"inception_v3", "nasnet_a_large", "randwire", "squeezenet"} <= set(names)
+
+
+def test_errors_are_clear(tmp_path, capsys):
+    assert main(["compile", "no_such_model"]) == 1
+    assert "no_such_model" in capsys.readouterr().err
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(b"not a library")
+    assert main(["run", str(bad)]) == 1
+    assert "not a loadable TVM library" in capsys.readouterr().err
+    assert main(["show", str(tmp_path / "missing.json")]) == 1
+    assert "cannot read schedule file" in capsys.readouterr().err
