@@ -139,6 +139,25 @@ class Schedule:
             if name not in graph.index or not isinstance(dev, int) or dev < 0:
                 raise ScheduleError(f"bad device mapping {name!r} -> {dev!r}")
 
+    def device_class(self) -> str:
+        """``cpu``, ``gpu`` or ``any``: the kind of device the schedule was tuned for (from ``device``)."""
+        d = self.device.lower()
+        if not d or d.startswith("unit"):
+            return "any"
+        if d.startswith(("sim:cpu", "measured:cpu", "cpu", "table:cpu")):
+            return "cpu"
+        return "gpu"
+
+    def check_device(self, device_kind: str, allow_mismatch: bool = False) -> None:
+        """Refuse a schedule tuned for another kind of device (its stage costs were for that device)."""
+        target_class = "cpu" if device_kind == "cpu" else "gpu"
+        mine = self.device_class()
+        if mine not in ("any", target_class) and not allow_mismatch:
+            raise ScheduleError(
+                f"schedule was tuned for {self.device!r} ({mine}) but the target is {device_kind} ({target_class}); "
+                "re-run the scheduler for this target, or pass allow_device_mismatch=True to apply it anyway"
+            )
+
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
         return {

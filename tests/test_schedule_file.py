@@ -92,3 +92,18 @@ def test_save_is_atomic(tmp_path):
         s.save(p)
     assert p.read_text() == before
     assert [f.name for f in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_schedule_from_another_device_is_refused():
+    s = schedule_graph(graph(), "greedy")
+    s.device = "sim:h100"
+    with pytest.raises(ScheduleError, match="tuned for 'sim:h100' \\(gpu\\) but the target is cpu"):
+        s.check_device("cpu")
+    s.check_device("cuda")
+    s.check_device("cpu", allow_mismatch=True)
+    s.device = "measured:cpu:Some CPU:2cores"
+    s.check_device("cpu")
+    with pytest.raises(ScheduleError, match="target is cuda"):
+        s.check_device("cuda")
+    s.device = "unit"
+    s.check_device("cuda")
