@@ -1,0 +1,95 @@
+"""Bound the activation memory of a scheduled program relative to sequential execution.
+
+Running branches at the same time keeps more tensors alive at once. ``max_memory_ratio`` (default 1.5) caps the
+scheduled program's activation storage at that multiple of the sequential program's. When a schedule exceeds it,
+we tighten it: stages with more than k groups are split into several stages of at most k groups (valid because the
+groups of a stage are independent), halving k until the bound holds (k = 1 is a sequential order).
+Dependency mode keeps every buffer alive for the whole run (no barrier proves a buffer dead), so when it exceeds
+the bound the program falls back to stage mode first.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from .lower import make_plan
+from .schedule import CONCURRENT, Schedule, Stage
+from .schedulers import schedule_graph
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MemoryReport:
+    scheduled_bytes: int
+    sequential_bytes: int
+    ratio: float
+    limit: float | None
+    max_groups: int          # groups per stage after tightening
+    mode: str                # synchronisation mode after the check
+    tightened: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def limit_concurrency(schedule: Schedule, k: int) -> Schedule:
+    """A copy of ``schedule`` whose concurrent stages have at most ``k`` groups (longest groups first)."""
+    stages: list[Stage] = []
+    for st in schedule.stages:
+        if st.strategy != CONCURRENT or len(st.groups) <= k:
+            stages.append(Stage([list(g) for g in st.groups], st.strategy))
+            continue
+        groups = sorted(st.groups, key=len, reverse=True)
+        for i in range(0, len(groups), k):
+            stages.append(Stage([list(g) for g in groups[i:i + k]]))
+    d = schedule.to_json()
+    out = Schedule.from_json(d)
+    out.stages = stages
+    out.predicted_latency = None
+    out.options = dict(out.options, max_groups_per_stage=k)
+    return out
+
+
+def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ratio: float | None = 1.5,
+                 ) -> tuple[Schedule, str, MemoryReport]:
+    """Return (schedule, mode, report) within the bound (or the original when there is no bound)."""
+    seq = schedule_graph(program.graph, "sequential", "unit")
+    seq_bytes = max(1, make_plan(program, seq).storage_bytes())
+
+    def nbytes(s, m):
+        plan = make_plan(program, s, mode=m)
+        # dependency mode executors give every buffer its own storage
+        return plan.storage_bytes() if m == "stage" else sum(_nbytes(b) for b in plan.buffers)
+
+    cur, cur_mode = schedule, mode
+    used = nbytes(cur, cur_mode)
+    tightened = False
+    if max_memory_ratio is not None and used > max_memory_ratio * seq_bytes:
+        if cur_mode == "dependency":
+            log.warning("dependency mode needs %.2fx the sequential activation memory (limit %.2fx); using stage mode",
+                        used / seq_bytes, max_memory_ratio)
+            cur_mode = "stage"
+            used = nbytes(cur, cur_mode)
+            tightened = True
+        k = cur.max_concurrency()
+        while used > max_memory_ratio * seq_bytes and k > 1:
+            k //= 2
+            cur = limit_concurrency(schedule, max(1, k))
+            cur.validate(program.graph)
+            used = nbytes(cur, cur_mode)
+            tightened = True
+        if tightened:
+            log.warning("memory bound %.2fx: schedule tightened to at most %d groups per stage (%.2fx sequential)",
+                        max_memory_ratio, cur.max_concurrency(), used / seq_bytes)
+    report = MemoryReport(int(used), int(seq_bytes), used / seq_bytes, max_memory_ratio, cur.max_concurrency(),
+                          cur_mode, tightened)
+    return cur, cur_mode, report
+
+
+def _nbytes(buf: dict) -> int:
+    n = 1
+    for d in buf["shape"]:
+        n *= int(d)
+    bits = int("".join(ch for ch in buf["dtype"] if ch.isdigit()) or 32)
+    return n * max(1, bits // 8)

@@ -1,0 +1,36 @@
+import pytest
+
+import tvm_interop
+from passes.memory_bound import bound_memory, limit_concurrency
+from passes.schedulers import schedule_graph
+
+
+@pytest.fixture(scope="module")
+def program(branchy_model):
+    return tvm_interop.api.prepare_program(branchy_model)
+
+
+def test_limit_concurrency_keeps_validity(program):
+    s = schedule_graph(program.graph, "greedy")
+    assert s.max_concurrency() >= 3
+    for k in (2, 1):
+        t = limit_concurrency(s, k)
+        t.validate(program.graph)
+        assert t.max_concurrency() <= k
+        assert sorted(t.unit_order()) == sorted(s.unit_order())
+
+
+def test_memory_within_bound_is_untouched(program):
+    s = schedule_graph(program.graph, "greedy")
+    out, mode, rep = bound_memory(program, s, "stage", max_memory_ratio=100.0)
+    assert out is s and mode == "stage" and not rep.tightened and rep.ratio >= 1.0
+
+
+def test_tight_bound_tightens_to_sequential_memory(program):
+    s = schedule_graph(program.graph, "greedy")
+    _, _, loose = bound_memory(program, s, "stage", max_memory_ratio=None)
+    assert loose.ratio > 1.0  # concurrency costs memory on this model
+    out, mode, rep = bound_memory(program, s, "dependency", max_memory_ratio=1.0)
+    assert mode == "stage" and rep.tightened
+    assert rep.scheduled_bytes <= rep.sequential_bytes * 1.0 or rep.max_groups == 1
+    out.validate(program.graph)
