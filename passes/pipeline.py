@@ -33,7 +33,10 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
                 opts.setdefault("max_streams", max_streams)
             sched = schedule_graph(program.graph, scheduler, cost if cost is not None else _default_cost(target),
                                    max_block_size=max_block_size, **opts)
-        lowered = lower_to_relax(program, sched, target, max_streams=max_streams)
+        from .merge import apply_merges
+
+        program, built = apply_merges(program, sched, target=target)
+        lowered = lower_to_relax(program, built, target, max_streams=max_streams)
         lowered = lowered.with_attr("tvm_interop.schedule", sched.dumps())
         return _default_pipeline(target)(lowered)
 

@@ -15,11 +15,20 @@ log = logging.getLogger("tvm_interop")
 
 
 def _target_device_kind(target) -> str:
-    import tvm
+    from passes.cuda_build import normalize_target
 
-    t = tvm.target.Target(target) if isinstance(target, str) else target
-    kind = t.kind.name
+    kind = normalize_target(target).kind.name
     return "cpu" if kind in ("llvm", "c") else kind
+
+
+def _target_text(target) -> str:
+    """A short, stable spelling of a target for plans and reports (``llvm``, ``cuda -arch=sm_90``)."""
+    from passes.cuda_build import normalize_target
+
+    t = normalize_target(target)
+    if t.kind.name == "cuda":
+        return f"cuda -arch={t.attrs.get('arch')}"
+    return target if isinstance(target, str) else t.kind.name
 
 
 def load_module(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0,
@@ -66,7 +75,12 @@ class CompiledModel:
     program: object = field(repr=False)
     target: str = "llvm"
     timings: dict = field(default_factory=dict)
+    max_streams: int = 8
     guard: object = None  # passes.guard.GuardResult when the never-slower guard ran
+    # what was lowered and built: ``program``/``schedule`` with merge stages applied (passes.merge); the same
+    # objects as ``program``/``schedule`` when the schedule has no merge stage
+    built_program: object = field(default=None, repr=False)
+    built_schedule: object = field(default=None, repr=False)
 
     def run(self, *inputs, numpy: bool = True):
         return self.runner.run(*inputs, numpy=numpy)
@@ -89,6 +103,13 @@ class CompiledModel:
         rng = np.random.default_rng(seed)
         return [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in self.runner.inputs]
 
+    def memory_report(self) -> dict:
+        """Activation memory (bytes) of the scheduled program vs the sequential one, from TVM's memory plan."""
+        from passes.stream_memory import memory_report
+
+        return memory_report(self.built_program or self.program, self.built_schedule or self.schedule, self.target,
+                             mode=self.runner.mode, max_streams=self.max_streams)
+
     def close(self) -> None:
         self.runner.close()
 
@@ -98,7 +119,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             width: float = 1.0, max_streams: int = 8, max_block_size: int | None = None,
             num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
-            guard_repeat: int = 15) -> CompiledModel:
+            guard_repeat: int = 15, cuda_graph: bool | None = None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -107,9 +128,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``cost``: cost model spec for the scheduler (``"sim:cpu"``, ``"sim:h100"``, ...); default: a simulated
     preset for the target when available.
     ``executor``: ``threads`` (CPU worker threads, CPU default) or ``vm`` (Relax VM with streams).
+    ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
+    the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     """
     from passes.build import build_library
     from passes.lower import make_plan
+    from passes.merge import apply_merges, compare_libraries, has_merges
     from passes.schedule import Schedule
     from passes.schedulers import schedule_graph
 
@@ -119,7 +143,13 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     mod, model_name = load_module(model, batch_size=batch_size, image_size=image_size, width=width,
                                   shape_dict=shape_dict, **kw)
     model_name = name or model_name
+    from passes.cuda_build import normalize_target
+
+    target_text = _target_text(target)
+    target = normalize_target(target)
     device_kind = _target_device_kind(target)
+    if cuda_graph is None:
+        cuda_graph = device_kind == "cuda"
     timings["load"] = time.perf_counter() - t0
     t = time.perf_counter()
     program = prepare_program(mod, target, name=model_name)
@@ -151,10 +181,16 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
 
+    built: dict = {}
+
     def build(s):
-        p = make_plan(program, s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
-                                                   "target": str(target), "device": device_kind, "mode": mode})
-        return p, build_library(program, s, p, target, max_streams=max_streams)
+        # merge stages (IOS's operator merge) are applied here: the schedule stays in its original form (it is
+        # what is saved, and it applies to the original model); the merged program and schedule are what's built
+        prog, run_s = apply_merges(program, s, target=target) if has_merges(s) else (program, s)
+        built.update(program=prog, schedule=run_s)
+        p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
+                                                    "target": target_text, "device": device_kind, "mode": mode})
+        return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph)
 
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t
@@ -167,8 +203,16 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
 
         t = time.perf_counter()
         seq = schedule_graph(program.graph, "sequential", "unit", model_name=model_name, batch=batch_size)
-        times = compare_plans(library, {"scheduled": plan, "sequential": _plan(program, seq, mode=mode)},
-                              repeat=guard_repeat)
+        merged = built["program"] is not program
+        if not merged:
+            times = compare_plans(library, {"scheduled": plan, "sequential": _plan(program, seq, mode=mode)},
+                                  repeat=guard_repeat)
+        else:  # merged kernels: the sequential baseline is the original model, in a library of its own
+            merged_built = dict(built)
+            seq_plan, seq_library = build(seq)
+            built.update(merged_built)
+            times = compare_libraries({"scheduled": (library, plan), "sequential": (seq_library, seq_plan)},
+                                      repeat=guard_repeat)
         guard_result = decide(times)
         sched.measured_latency = guard_result.scheduled_ms / 1e3
         if not guard_result.keep_schedule:
@@ -178,17 +222,20 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             seq.measured_latency = guard_result.sequential_ms / 1e3
             seq.search["guard_rejected"] = sched.scheduler
             sched = seq
-            plan, library = build(sched)
+            plan, library = (seq_plan, seq_library) if merged else build(sched)
+            built.update(program=program, schedule=seq)
         else:
             log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms: keeping the schedule",
                      sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms)
         timings["guard"] = time.perf_counter() - t
-    runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers)
+    runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers,
+                            plan=plan)
     timings["total"] = time.perf_counter() - t0
     log.info("compiled %s: %d units, %d stages (%s) in %.1f s", model_name, len(program.graph), sched.num_stages,
              sched.scheduler, timings["total"])
-    return CompiledModel(runner=runner, schedule=sched, program=program, target=str(target), timings=timings,
-                         guard=guard_result)
+    return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
+                         guard=guard_result, max_streams=max_streams, built_program=built["program"],
+                         built_schedule=built["schedule"])
 
 
 def _default_cost(device_kind: str):
@@ -204,6 +251,11 @@ def reference_build(mod, target: str = "llvm"):
     import tvm
     from tvm import relax
 
+    from passes.cuda_build import ensure_nvcc, normalize_target
+
+    target = normalize_target(target)
+    if target.kind.name == "cuda":
+        ensure_nvcc()
     return tvm.compile(relax.get_pipeline("zero")(mod), target)
 
 
@@ -212,8 +264,10 @@ def run_reference(mod, inputs, target: str = "llvm"):
     import tvm
     from tvm import relax
 
+    from runtime.model import _device_for
+
     ex = reference_build(mod, target)
-    dev = tvm.cpu(0) if _target_device_kind(target) == "cpu" else tvm.device(_target_device_kind(target), 0)
+    dev = _device_for(_target_device_kind(target))
     vm = relax.VirtualMachine(ex, dev)
     out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
     from runtime.model import _vm_to_numpy

@@ -77,6 +77,10 @@ class MeasuredCostModel(CostModel):
                                    tvm_version=tvm.__version__) if use_cache else None
         self._memo: dict[tuple, float] = {}
         self.cache_hits = 0
+        self._merged_kernels: dict[str, object] = {}   # kernel name -> function, for merge stages
+        self._merged_calls: dict[tuple, list] = {}      # merge key -> [KernelCall] (merged conv, split)
+        self._merged_libs: list = []
+        self.merged_builds = 0
 
     @property
     def device_fingerprint(self) -> str:
@@ -90,7 +94,12 @@ class MeasuredCostModel(CostModel):
             if self._library is None:
                 self._library = tvm.compile(self.program.mod, self.target)
             lib = _kernel_library(self._library)
-            self._timer = StageTimer(lambda n: _lookup(lib, n), warmup=self.warmup, repeat=self.repeat)
+            merged = self._merged_kernels
+
+            def lookup(name):  # the model's kernels, then the merged kernels built for merge stages
+                return merged[name] if name in merged else _lookup(lib, name)
+
+            self._timer = StageTimer(lookup, warmup=self.warmup, repeat=self.repeat)
         return self._timer
 
     def _kernel_hash(self, func_name: str) -> str:
@@ -114,8 +123,7 @@ class MeasuredCostModel(CostModel):
 
     def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
         if strategy == "merge":
-            # Until the merged kernel exists, a merge stage runs as concurrent single-unit groups.
-            groups = [[u] for g in groups for u in g]
+            return self._merge_latency([u for g in groups for u in g])
         sig_groups = tuple(sorted(tuple(self._signature(u) for u in g) for g in groups))
         key = (strategy, sig_groups)
         if key in self._memo:
@@ -131,6 +139,65 @@ class MeasuredCostModel(CostModel):
         self._memo[key] = value
         return value
 
+    # ------------------------------------------------------------------ merge stages
+    def _merge_latency(self, units: Sequence[Unit]) -> float:
+        """Time a merge stage as ``passes.merge.apply_merges`` will run it: each mergeable subset as one merged
+        convolution followed by its channel split (a chain on one worker), units that cannot merge beside them
+        as single-unit groups. The merged kernels are built (once per merge key) from the units' weights."""
+        from ..merge import plan_merge_stage
+
+        if len(units) < 2:
+            return self.stage_latency([[u] for u in units])
+        subsets, leftovers, _ = plan_merge_stage(self.program, [u.name for u in units])
+        if not subsets:
+            return self.stage_latency([[u] for u in units])
+        by_name = {u.name: u for u in units}
+        merged_keys = tuple(sorted(tuple(sorted(self._signature(by_name[n]) for n in sub)) for sub in subsets))
+        left_sigs = tuple(sorted(self._signature(by_name[n]) for n in leftovers))
+        key = ("merged", merged_keys, left_sigs)
+        if key in self._memo:
+            return self._memo[key]
+        cache_key = ("merged|" + "|".join("+".join(k) for k in merged_keys) + "|" + ",".join(left_sigs)
+                     + f"|b{self.batch}")
+        value = self.cache.get(cache_key) if self.cache is not None else None
+        if value is not None:
+            self.cache_hits += 1
+        else:
+            timer = self._timer_ready()
+            groups = [self._merged_chain([by_name[n] for n in sub]) for sub in subsets]
+            groups += [[self._call(by_name[n])] for n in leftovers]
+            value = timer.time_stage(groups)
+            if self.cache is not None:
+                self.cache.put(cache_key, value)
+        self._memo[key] = value
+        return value
+
+    def _merged_chain(self, units: Sequence[Unit]) -> list[KernelCall]:
+        """The kernel calls of one merged subset (merged conv, split), building and caching its kernels."""
+        import hashlib
+
+        from runtime.model import _kernel_library, _lookup
+
+        from ..merge import build_merged_kernel
+
+        units = sorted(units, key=self._signature)  # channel order does not change the time: one build per key
+        mkey = tuple(self._signature(u) for u in units)
+        if mkey not in self._merged_calls:
+            suffix = "m" + hashlib.sha1("|".join(mkey).encode()).hexdigest()[:12]
+            kern = build_merged_kernel(self.program, [u.name for u in units], suffix=suffix, target=self.target)
+            lib = _kernel_library(kern.compile(self.target))
+            for name in kern.funcs:
+                fn = _lookup(lib, name)
+                if fn is None:  # pragma: no cover - compile exports every kernel under its name
+                    raise RuntimeError(f"merged kernel {name} missing from its library")
+                self._merged_kernels[name] = fn
+            self._merged_libs.append(lib)  # keep the modules alive
+            self.merged_builds += 1
+            self._merged_calls[mkey] = [KernelCall(f, tuple((tuple(s), d) for s, d in args),
+                                                   tuple((tuple(s), d) for s, d in outs))
+                                        for f, args, outs in kern.calls]
+        return self._merged_calls[mkey]
+
     # ------------------------------------------------------------------ reporting
     @property
     def measurements(self) -> int:
@@ -142,7 +209,8 @@ class MeasuredCostModel(CostModel):
 
     def stats(self) -> dict:
         return {"measurements": self.measurements, "measure_seconds": self.seconds_spent,
-                "cache_hits": self.cache_hits, "cache": None if self.cache is None else str(self.cache.path)}
+                "cache_hits": self.cache_hits, "merged_builds": self.merged_builds,
+                "cache": None if self.cache is None else str(self.cache.path)}
 
     def close(self) -> None:
         if self.cache is not None:
