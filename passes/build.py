@@ -17,7 +17,6 @@ from runtime.model import CONSTANTS_FUNC, PLAN_FUNC
 from runtime.plan import ExecutionPlan
 
 from .extract import Program
-from .lower_streams import lower_to_relax
 from .schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -43,13 +42,44 @@ def attach_runtime_payload(mod: tvm.IRModule, program: Program, plan: ExecutionP
 
 
 def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
-                  target: "str | tvm.target.Target" = "llvm", max_streams: int = 8):
-    """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy)."""
+                  target: "str | tvm.target.Target" = "llvm", max_streams: int = 8, mode: str | None = None,
+                  cuda_graph: bool = False, check_memory: bool = True):
+    """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
+
+    CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
+    ``cuda_graph``); it needs no GPU. ``check_memory`` runs ``passes.stream_memory.check_stream_memory_safety`` on
+    the planned program and refuses to build an unsafe one. What was decided (streams, CUDA graph and why not) is
+    recorded in ``plan.meta`` before the plan is embedded.
+    """
+    from .cuda_build import build_cuda, graph_feasibility, normalize_target
+    from .lower_streams import lower_program
+
     t0 = time.perf_counter()
-    lowered = lower_to_relax(program, schedule, target, max_streams=max_streams)
-    lowered = attach_runtime_payload(lowered, program, plan)
-    if isinstance(target, str):
-        target = tvm.target.Target(target)
-    ex = tvm.compile(lowered, target)
+    target = normalize_target(target)
+    mode = mode or plan.meta.get("mode", "stage")
+    is_cuda = target.kind.name == "cuda"
+    low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph)
+    reason = low.cuda_graph_reason
+    if low.cuda_graph:
+        ok, why = graph_feasibility(low.mod, target)
+        if not ok:
+            log.warning("CUDA graph not possible for this program, using direct launches: %s", why)
+            reason = why
+            low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=False)
+    if check_memory:
+        from .stream_memory import check_lowered
+
+        t1 = time.perf_counter()
+        check_lowered(low.mod).raise_if_unsafe()
+        log.info("build: stream memory safety checked in %.2f s", time.perf_counter() - t1)
+    plan.meta.update({"num_streams": low.num_streams, "cuda_graph": bool(low.cuda_graph),
+                      "cuda_graph_reason": reason if cuda_graph else None})
+    lowered = attach_runtime_payload(low.mod, program, plan)
+    if is_cuda:
+        ex, report = build_cuda(lowered, target, cuda_graph=low.cuda_graph)
+        if low.cuda_graph and not report.cuda_graph:  # pragma: no cover - graph_feasibility said yes
+            log.warning("CUDA graph rewrite disagreed with the feasibility check: %s", report.reason)
+    else:
+        ex = tvm.compile(lowered, target)
     log.info("build: lowered and compiled %d units in %.2f s", len(program.graph), time.perf_counter() - t0)
     return ex

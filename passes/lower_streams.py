@@ -1,126 +1,678 @@
 """Lowering, part 2: the stream-lowered Relax program (what the VM runs, on GPU streams).
 
-``lower_to_relax`` returns a rewritten Relax ``main`` whose bindings follow the schedule, with stream switching and
-  cross-stream synchronisation through TVM's stream runtime functions (``runtime.Device_StreamCreate``,
-  ``runtime.Device_SetStream``, ``runtime.Device_StreamSyncFromTo``, ``runtime.Device_StreamFree``). On a CPU
-  those calls do nothing, but the program is the same one a GPU runs.
+``lower_to_relax(program, schedule, target, max_streams=8, mode="stage", cuda_graph=False)`` returns a copy of the
+prepared module with these functions (names in :mod:`runtime.cuda`):
 
-Memory (DESIGN.md): TVM's StaticPlanBlockMemory reuses a buffer as soon as its last reader has been *issued*,
-which assumes sequential execution. In the lowered program every tensor read or written inside a concurrent
-stage is also passed to that stage's closing synchronisation call (a tuple of "keep-alive" tensors), so its
-lifetime extends to the point where the whole stage has joined; no tensor the stage touches can be reused by a
-unit that may still be running beside it.
+* ``__tvm_interop_main(*inputs, streams)``: the units in schedule order, each group dispatched to its stream
+  (``runtime.Device_SetStream``), ordering by events (``runtime.Device_StreamSyncFromTo(dev, src, dst)`` records
+  an event on ``src`` and makes ``dst`` wait for it; never a device-wide synchronisation):
+
+  - *stage mode*: a concurrent stage forks every stream it uses from the caller's stream, issues its groups,
+    and joins them back (the caller's stream waits for each). A single-group stage runs on the caller's stream.
+  - *dependency mode*: every stream is forked from the caller's stream once at the start; a group then waits
+    only for the streams of the units it reads from (and only when stream order and earlier events do not
+    already guarantee it); all streams are joined into the caller's stream at the end. Streams are assigned
+    with affinity: a group continues on the stream whose last unit it reads from, else on the least recently
+    used stream not taken in its stage.
+
+  The "caller's stream" is the stream current when the function is entered (read with a tiny host function
+  ``__tvm_interop_current_stream`` that returns ``TVMFFIEnvGetStream``), not a hard-coded stream 0: under
+  CUDA-graph capture it is the capture stream, otherwise usually the legacy default stream. Concurrent groups
+  never run on it (work on the legacy stream would serialise against every other stream).
+* ``__tvm_interop_streams()`` / ``__tvm_interop_free_streams(streams)``: create / free the streams, so they are
+  created **once per loaded model**: ``main`` takes them from the VM's per-VM cache
+  (``vm.builtin.cuda_graph.get_cached_alloc``, which runs the creating function on the first call and keeps the
+  result for the life of that VirtualMachine); ``runtime.ScheduledModel`` calls ``__tvm_interop_streams`` once
+  and frees them on ``close``. On a CPU, ``main`` passes null handles (no streams exist; the calls are no-ops).
+* ``__tvm_interop_main_graph`` (``cuda_graph=True``, CUDA targets): the same program with the inputs copied into
+  static buffers first and the outputs copied out last, so that TVM's ``RewriteCUDAGraph`` (applied to this
+  function only, see ``passes.cuda_build``) lifts everything in between into one captured graph.
+* ``main(*inputs)``: calls one of the two with the cached streams.
+
+The number of streams is ``min(max_streams, widest stage)``; ``max_streams`` above :func:`stream_limit` (32, or
+``TVM_INTEROP_STREAM_LIMIT``) is clamped with a logged warning. Groups beyond the streams share them
+round-robin (same-stream work is ordered, so this stays correct).
+
+Memory (DESIGN.md): TVM's ``StaticPlanBlockMemory`` frees a tensor's storage after the tensor's last *use in
+program order* and hands it to the next allocation; with streams, that next kernel may run while the last user
+is still running on another stream. (A tuple binding of the tensors is *not* a use — the old "keep-alive
+tuple" was silently ignored.) So every tensor is kept alive, by passing it to a no-op host function
+(``__tvm_interop_keepaliveN``, a real call that the planner counts as a use), until its **release point**: the
+first unit in issue order after which every unit issued *happens after* (by stream order and events) every
+unit that touches the tensor. It is computed with vector clocks over the issued stream program
+(:func:`release_points`), which covers both modes: in stage mode the release point is the first unit after the
+stage's join, in dependency mode wherever the event graph makes it safe (at the latest: after the final join).
+The same rule keeps the VM's pooled allocator safe (a storage returns to the pool only after its tensors'
+releases). ``passes.stream_memory.check_stream_memory_safety`` verifies the result on the memory-planned IR.
 """
 from __future__ import annotations
 
-import tvm
-from tvm import relax
+import bisect
+import logging
+import os
+from dataclasses import dataclass, field
 
-from runtime.errors import ScheduleError
+import tvm
+from tvm import relax, tirx
+
+from runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_PREFIX,
+                          MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
+from runtime.errors import InteropError, ScheduleError
 
 from .extract import Program
 from .schedule import MERGE, Schedule
 
+log = logging.getLogger(__name__)
+
+MAIN = -1                 # the caller's stream
+DEFAULT_MAX_STREAMS = 8
+DEFAULT_STREAM_LIMIT = 32
+MODES = ("stage", "dependency")
+KEEPALIVE_CHUNK = 16      # tensors per keep-alive call
+GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+SYNC = "runtime.Device_StreamSyncFromTo"
+SET = "runtime.Device_SetStream"
+CREATE = "runtime.Device_StreamCreate"
+FREE = "runtime.Device_StreamFree"
+
+
+def stream_limit() -> int:
+    """The most streams a model may use (``TVM_INTEROP_STREAM_LIMIT``, default 32)."""
+    try:
+        return max(1, int(os.environ.get("TVM_INTEROP_STREAM_LIMIT", DEFAULT_STREAM_LIMIT)))
+    except ValueError:
+        return DEFAULT_STREAM_LIMIT
+
+
+def resolve_stream_count(max_streams: int, concurrency: int) -> int:
+    """Streams to create for a schedule whose widest stage has ``concurrency`` groups (0: run sequentially)."""
+    if not isinstance(max_streams, int) or max_streams < 1:
+        raise InteropError(f"max_streams must be an integer >= 1, got {max_streams!r}")
+    limit = stream_limit()
+    if max_streams > limit:
+        log.warning("max_streams=%d is more than the %d streams allowed (TVM_INTEROP_STREAM_LIMIT); using %d",
+                    max_streams, limit, limit)
+        max_streams = limit
+    if concurrency <= 1 or max_streams <= 1:
+        return 0
+    return min(max_streams, concurrency)
+
+
+def target_of(target) -> tvm.target.Target:
+    from .cuda_build import normalize_target
+
+    return normalize_target(target)
+
+
+def device_kind(target) -> str:
+    kind = target_of(target).kind.name
+    return kind if kind in GPU_KINDS else "cpu"
+
+
+# ---------------------------------------------------------------------------------------------- stream program
+@dataclass
+class StreamOp:
+    """One step of the issued program: ``sync`` (event a -> b), ``set`` (current stream = a), ``unit`` (a
+    kernel on the current stream) or ``release`` (end the keep-alive of ``tensors``)."""
+
+    kind: str
+    a: int = MAIN
+    b: int = MAIN
+    unit: str = ""
+    tensors: list = field(default_factory=list)
+    stage: int = -1
+
+
+@dataclass
+class StreamProgram:
+    """The issue order of one lowered function, before it becomes Relax (what tests and the checker reason on).
+
+    Unit names starting with ``__in`` / ``__out`` are the input / output copies of the CUDA-graph variant.
+    Tensor keys: ``("u", unit, k)`` (output k of a unit) and ``("i", k)`` (staged input k).
+    """
+
+    mode: str
+    num_streams: int
+    ops: list[StreamOp]
+    unit_stream: dict[str, int]
+    users: dict[tuple, list[str]] = field(default_factory=dict)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for o in self.ops if o.kind == kind)
+
+    def per_stage(self) -> dict[int, dict[str, int]]:
+        out: dict[int, dict[str, int]] = {}
+        for o in self.ops:
+            if o.kind in ("sync", "set"):
+                d = out.setdefault(o.stage, {"sync": 0, "set": 0})
+                d[o.kind] += 1
+        return out
+
+
+def _groups_of(stage) -> list[list[str]]:
+    return [[u] for u in stage.units] if stage.strategy == MERGE else [list(g) for g in stage.groups]
+
+
+def plan_streams(program: Program, schedule: Schedule, mode: str = "stage", num_streams: int = 0,
+                 staged_io: bool = False, keep_alive: bool = True) -> StreamProgram:
+    """Decide streams, events and keep-alive releases for ``schedule`` (see the module docstring)."""
+    if mode not in MODES:
+        raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
+    graph = program.graph
+    ops: list[StreamOp] = []
+    unit_stream: dict[str, int] = {}
+    n_in = len(program.input_names)
+    out_refs = program.output_refs()
+    if staged_io:
+        for i in range(n_in):
+            ops.append(StreamOp("unit", unit=f"__in{i}"))
+            unit_stream[f"__in{i}"] = MAIN
+    if num_streams <= 0:
+        for si, stage in enumerate(schedule.stages):
+            for g in _groups_of(stage):
+                for u in g:
+                    ops.append(StreamOp("unit", unit=u, stage=si))
+                    unit_stream[u] = MAIN
+    elif mode == "stage":
+        for si, stage in enumerate(schedule.stages):
+            groups = _groups_of(stage)
+            if len(groups) == 1:
+                for u in groups[0]:
+                    ops.append(StreamOp("unit", unit=u, stage=si))
+                    unit_stream[u] = MAIN
+                continue
+            used = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))
+            for s in used:
+                ops.append(StreamOp("sync", MAIN, s, stage=si))
+            cur = MAIN
+            for gi, g in enumerate(groups):
+                s = gi % num_streams
+                if s != cur:
+                    ops.append(StreamOp("set", s, stage=si))
+                    cur = s
+                for u in g:
+                    ops.append(StreamOp("unit", unit=u, stage=si))
+                    unit_stream[u] = s
+            ops.append(StreamOp("set", MAIN, stage=si))
+            for s in used:
+                ops.append(StreamOp("sync", s, MAIN, stage=si))
+    else:
+        ops.extend(_dependency_ops(program, schedule, num_streams, unit_stream))
+    if staged_io:
+        for k in range(len(out_refs)):
+            ops.append(StreamOp("unit", unit=f"__out{k}"))
+            unit_stream[f"__out{k}"] = MAIN
+    users = _tensor_users(program, staged_io)
+    sp = StreamProgram(mode=mode, num_streams=num_streams, ops=ops, unit_stream=unit_stream, users=users)
+    if keep_alive:
+        _insert_releases(sp)
+    return sp
+
+
+def _dependency_ops(program: Program, schedule: Schedule, n: int, unit_stream: dict[str, int]) -> list[StreamOp]:
+    graph = program.graph
+    # pass 1: assign streams (affinity to the stream whose tail is a producer, else least recently used)
+    assign: list[tuple[int, list[str], int]] = []   # (stage, group, stream)
+    tail: dict[int, str] = {}
+    last_used: dict[int, int] = {s: s - n for s in range(n)}  # lower = used longer ago (ties: low ids first)
+    where: dict[str, int] = {}
+    tick = 0
+    for si, stage in enumerate(schedule.stages):
+        groups = _groups_of(stage)
+        taken: set[int] = set()
+        for gi, g in enumerate(groups):
+            prods = [p for u in g for p in graph.pred_names(u) if p not in g]
+            choice = None
+            for p in reversed(prods):
+                s = where.get(p)
+                if s is not None and s not in taken and tail.get(s) == p:
+                    choice = s
+                    break
+            if choice is None:
+                free = [s for s in range(n) if s not in taken]
+                choice = min(free, key=lambda s: last_used[s]) if free else gi % n
+            taken.add(choice)
+            for u in g:
+                where[u] = choice
+            tail[choice] = g[-1]
+            tick += 1
+            last_used[choice] = tick
+            assign.append((si, g, choice))
+    used = sorted({s for _, _, s in assign})
+    # pass 2: events, with vector clocks so that no event is issued that order already guarantees
+    ops = [StreamOp("sync", MAIN, s, stage=-1) for s in used]
+    count: dict[int, int] = {MAIN: 0}
+    vc: dict[int, dict[int, int]] = {MAIN: {}}
+    for s in used:
+        count[s] = 0
+        vc[s] = {MAIN: 0}
+    loc: dict[str, tuple[int, int]] = {}
+
+    def sync(src: int, dst: int, stage: int) -> None:
+        ops.append(StreamOp("sync", src, dst, stage=stage))
+        merged = dict(vc[dst])
+        for k, v in vc[src].items():
+            if v > merged.get(k, 0):
+                merged[k] = v
+        merged[src] = max(merged.get(src, 0), count[src])
+        vc[dst] = merged
+
+    cur = MAIN
+    for si, g, s in assign:
+        for u in g:
+            for p in graph.pred_names(u):
+                ps, pi = loc[p]
+                if ps != s and vc[s].get(ps, 0) <= pi:
+                    sync(ps, s, si)
+            if s != cur:
+                ops.append(StreamOp("set", s, stage=si))
+                cur = s
+            ops.append(StreamOp("unit", unit=u, stage=si))
+            unit_stream[u] = s
+            loc[u] = (s, count[s])
+            count[s] += 1
+    last = len(schedule.stages) - 1
+    if cur != MAIN:
+        ops.append(StreamOp("set", MAIN, stage=last))
+    for s in used:
+        if vc[MAIN].get(s, 0) < count[s]:
+            sync(s, MAIN, last)
+    return ops
+
+
+def _tensor_users(program: Program, staged_io: bool) -> dict[tuple, list[str]]:
+    users: dict[tuple, list[str]] = {}
+    for name, uc in program.calls.items():
+        for k in range(len(uc.outputs)):
+            users.setdefault(("u", name, k), []).append(name)
+    for name, uc in program.calls.items():
+        for a in uc.args:
+            for r in a.flatten():
+                if r.kind == "unit":
+                    users[("u", r.unit, r.index)].append(name)
+                elif r.kind == "input" and staged_io:
+                    users.setdefault(("i", r.index), [f"__in{r.index}"]).append(name)
+    if staged_io:
+        for i in range(len(program.input_names)):
+            users.setdefault(("i", i), [f"__in{i}"])
+        for k, r in enumerate(program.output_refs()):
+            if r.kind == "unit":
+                users[("u", r.unit, r.index)].append(f"__out{k}")
+            elif r.kind == "input":
+                users[("i", r.index)].append(f"__out{k}")
+    return users
+
+
+@dataclass
+class _Issued:
+    pos: int          # position among unit ops
+    stream: int
+    idx: int          # index on its stream
+    vc: dict          # stream -> ops of that stream complete before this one starts (own stream: idx)
+
+
+def simulate(ops: list[StreamOp]) -> dict[str, _Issued]:
+    """Vector clocks of every unit op: which earlier ops are guaranteed complete when it starts."""
+    count: dict[int, int] = {}
+    vc: dict[int, dict[int, int]] = {}
+    cur = MAIN
+    out: dict[str, _Issued] = {}
+    pos = 0
+    for o in ops:
+        if o.kind == "set":
+            cur = o.a
+        elif o.kind == "sync":
+            src, dst = o.a, o.b
+            merged = dict(vc.get(dst, {}))
+            for k, v in vc.get(src, {}).items():
+                if v > merged.get(k, 0):
+                    merged[k] = v
+            merged[src] = max(merged.get(src, 0), count.get(src, 0))
+            vc[dst] = merged
+        elif o.kind == "unit":
+            n = count.get(cur, 0)
+            snap = dict(vc.get(cur, {}))
+            snap[cur] = n
+            out[o.unit] = _Issued(pos, cur, n, snap)
+            count[cur] = n + 1
+            pos += 1
+    return out
+
+
+def release_points(sp: StreamProgram, issued: dict[str, _Issued] | None = None) -> dict[tuple, int]:
+    """For every tensor, the position of the first unit before which it may be released (``len(units)`` = only
+    after the end). See the module docstring; each stream's clock only grows, so per stream the units that are
+    ordered after all of a tensor's users form a suffix, found by bisection."""
+    issued = issued or simulate(sp.ops)
+    by_stream: dict[int, list[_Issued]] = {}
+    for it in sorted(issued.values(), key=lambda i: i.pos):
+        by_stream.setdefault(it.stream, []).append(it)
+    n_units = len(issued)
+    out: dict[tuple, int] = {}
+    for key, us in sp.users.items():
+        its = [issued[u] for u in us if u in issued]
+        if not its:
+            continue
+        frontier: dict[int, int] = {}
+        for it in its:
+            frontier[it.stream] = max(frontier.get(it.stream, -1), it.idx)
+        last = max(it.pos for it in its)
+        point = last + 1
+
+        def covered(v: _Issued) -> bool:
+            return all(v.vc.get(s, 0) > f for s, f in frontier.items())
+
+        for s, lst in by_stream.items():
+            lo, hi = 0, len(lst)
+            while lo < hi:  # first covered unit on this stream
+                mid = (lo + hi) // 2
+                if covered(lst[mid]):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo > 0 and lst[lo - 1].pos > last:
+                point = max(point, lst[lo - 1].pos + 1)
+        out[key] = min(point, n_units)
+    return out
+
+
+def _insert_releases(sp: StreamProgram) -> None:
+    issued = simulate(sp.ops)
+    points = release_points(sp, issued)
+    n_units = len(issued)
+    last_use = {key: max(issued[u].pos for u in us if u in issued) for key, us in sp.users.items()
+                if any(u in issued for u in us)}
+    before: dict[int, list] = {}
+    for key, p in points.items():
+        if p > last_use[key] + 1:
+            before.setdefault(p, []).append(key)
+    if not before:
+        return
+    new_ops: list[StreamOp] = []
+    pos = 0
+    # the end releases go after the final join, before the output copies (which stay outside the graph)
+    end_at = len(sp.ops)
+    for i, o in enumerate(sp.ops):
+        if o.kind == "unit" and o.unit.startswith("__out"):
+            end_at = i
+            break
+    for i, o in enumerate(sp.ops):
+        if i == end_at and n_units in before:
+            new_ops.append(StreamOp("release", tensors=sorted(before.pop(n_units), key=str)))
+        if o.kind == "unit":
+            if pos in before:
+                new_ops.append(StreamOp("release", tensors=sorted(before.pop(pos), key=str), stage=o.stage))
+            pos += 1
+        new_ops.append(o)
+    for p in sorted(before):
+        new_ops.append(StreamOp("release", tensors=sorted(before[p], key=str)))
+    sp.ops = new_ops
+
 
 # ---------------------------------------------------------------------------------------------- relax
-def _device_string(target: tvm.target.Target) -> str:
-    kind = target.kind.name
-    if kind in ("cuda", "rocm", "vulkan", "metal", "opencl"):
-        return f"{kind}:0"
-    return "cpu:0"
+def _str(text: str):
+    cls = getattr(relax.expr, "StringImm", None) or tvm.ir.expr.StringImm
+    return cls(text)
+
+
+def _i64(v: int):
+    return relax.prim_value(tirx.IntImm("int64", v))
+
+
+def _i32(v: int):
+    return relax.prim_value(tirx.IntImm("int32", v))
+
+
+def _current_stream_func() -> tirx.PrimFunc:
+    """``int64 f(dev_type, dev_id)``: the stream current on the device (``TVMFFIEnvGetStream``), a host function."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def current_stream(dev_type: T.int32, dev_id: T.int32) -> T.int64:
+        T.func_attr({"tirx.is_host_func": True, "tirx.is_scheduled": True})
+        # TVMFFIEnvGetStream returns a pointer; on the 64-bit hosts TVM supports it comes back in the integer
+        # return register, so declaring it int64 reads the handle as the integer the stream calls take.
+        return T.call_extern("int64", "TVMFFIEnvGetStream", dev_type, dev_id)
+
+    return current_stream
+
+
+def _keepalive_func(n: int) -> tirx.PrimFunc:
+    params = [tirx.Var(f"t{i}", "handle") for i in range(n)]
+    f = tirx.PrimFunc(params, tirx.Evaluate(tirx.IntImm("int32", 0)))
+    return f.with_attrs({"tirx.is_host_func": True, "tirx.is_scheduled": True})
+
+
+@dataclass
+class Lowered:
+    """What ``lower_program`` produced: the module, the stream programs of its functions, and decisions."""
+
+    mod: tvm.IRModule
+    programs: dict[str, StreamProgram]
+    num_streams: int
+    mode: str
+    device: str
+    cuda_graph: bool
+    cuda_graph_reason: str | None = None
+
+
+class _Emitter:
+    """Shared state of one lowering: the BlockBuilder and the helper functions added to it."""
+
+    def __init__(self, program: Program, device: str):
+        self.program = program
+        self.device = device
+        self.dev = _str(f"{device}:0")
+        self.bb = relax.BlockBuilder()
+        self._cur = None
+        self._keepalive: dict[int, relax.GlobalVar] = {}
+        old_main = program.mod["main"]
+        self.old_main = old_main
+        self.old_bindings: dict[relax.Var, relax.Expr] = {}
+        for block in old_main.body.blocks:
+            for b in block.bindings:
+                self.old_bindings[b.var] = b.value
+
+    def packed(self, name: str, *args, ty=None):
+        return relax.Call(relax.ExternFunc(name), list(args), ty_args=[ty or relax.ObjectType()])
+
+    def current_stream_gv(self):
+        if self._cur is None:
+            self._cur = self.bb.add_func(_current_stream_func(), CURRENT_STREAM_FUNC)
+        return self._cur
+
+    def keepalive_gv(self, n: int):
+        if n not in self._keepalive:
+            self._keepalive[n] = self.bb.add_func(_keepalive_func(n), f"{KEEPALIVE_PREFIX}{n}")
+        return self._keepalive[n]
+
+    # -------------------------------------------------------------- one scheduled function
+    def emit_scheduled(self, name: str, sp: StreamProgram, staged: bool, n_streams: int):
+        bb = self.bb
+        program = self.program
+        old_main = self.old_main
+        params = [relax.Var(p.name, p.ty) for p in old_main.params]
+        stream_ty = relax.TupleType([tvm.ir.PrimType("int64")] * n_streams)
+        streams_param = relax.Var("streams", stream_ty)
+        var_map: dict[relax.Var, relax.Expr] = {}
+        unit_var: dict[str, relax.Var] = {}
+        tensor_var: dict[tuple, relax.Expr] = {}
+        old_bindings = self.old_bindings
+
+        def remap(e: relax.Expr) -> relax.Expr:
+            if isinstance(e, relax.Var):
+                if e in var_map:
+                    return var_map[e]
+                if e in old_bindings:  # glue binding (tuple / tuple item / alias) whose inputs now exist
+                    nv = bb.emit(remap(old_bindings[e]), name_hint=e.name)
+                    var_map[e] = nv
+                    return nv
+                raise ScheduleError(f"variable {e.name} used before it is produced in the schedule")
+            if isinstance(e, relax.Tuple):
+                return relax.Tuple([remap(f) for f in e.fields])
+            if isinstance(e, relax.TupleGetItem):
+                return relax.TupleGetItem(remap(e.tuple_value), e.index)
+            if isinstance(e, relax.Call):
+                return relax.Call(e.op, [remap(a) for a in e.args], e.attrs, e.ty_args)
+            return e
+
+        def tensor(key: tuple) -> relax.Expr:
+            if key not in tensor_var:
+                if key[0] == "i":
+                    tensor_var[key] = var_map[old_main.params[key[1]]]
+                else:
+                    _, uname, k = key
+                    v = unit_var[uname]
+                    if isinstance(v.ty, relax.TupleType):
+                        tensor_var[key] = bb.emit(relax.TupleGetItem(v, k), name_hint=f"{uname}_{k}")
+                    else:
+                        tensor_var[key] = v
+            return tensor_var[key]
+
+        with bb.function(name, params + [streams_param], attrs={"num_input": len(params)}, pure=False):
+            for old, new in zip(old_main.params, params):
+                var_map[old] = bb.emit_te(_identity, new, primfunc_name_hint=COPY_FUNC,
+                                          name_hint=f"{old.name}_static") if staged else new
+            cur_type = DL_DEVICE_TYPE.get(self.device, 1)
+            main_s = bb.emit(relax.Call(self.current_stream_gv(), [_i32(cur_type), _i32(0)]), name_hint="main_stream")
+            svars = [bb.emit(relax.TupleGetItem(streams_param, k), name_hint=f"stream{k}") for k in range(n_streams)]
+
+            def sv(s: int):
+                return main_s if s == MAIN else svars[s]
+
+            for o in sp.ops:
+                if o.kind == "sync":
+                    bb.emit(self.packed(SYNC, self.dev, sv(o.a), sv(o.b)), name_hint="event")
+                elif o.kind == "set":
+                    bb.emit(self.packed(SET, self.dev, sv(o.a)), name_hint="switch")
+                elif o.kind == "release":
+                    vs = list(dict.fromkeys(tensor(k) for k in o.tensors))
+                    for c in range(0, len(vs), KEEPALIVE_CHUNK):
+                        chunk = vs[c:c + KEEPALIVE_CHUNK]
+                        bb.emit(relax.Call(self.keepalive_gv(len(chunk)), chunk), name_hint="keepalive")
+                elif o.unit.startswith(("__in", "__out")):
+                    continue  # the input copies come first (above), the output copies last (below)
+                else:
+                    uc = program.calls[o.unit]
+                    value = old_bindings[uc.binding_var]
+                    nv = bb.emit(remap(value), name_hint=uc.binding_var.name)
+                    var_map[uc.binding_var] = nv
+                    unit_var[o.unit] = nv
+            result = remap(old_main.body.body)
+            if staged:  # copy every output leaf out of the static buffers, on the caller's stream
+                leaves = _leaves(bb, result)
+                copies = [bb.emit_te(_identity, leaf, primfunc_name_hint=COPY_FUNC, name_hint=f"output{k}")
+                          for k, leaf in enumerate(leaves)]
+                result = _rebuild(result, copies)
+            if not isinstance(result, relax.Var):
+                result = bb.emit(result, name_hint="result")
+            bb.emit_func_output(result)
+        return bb.get().get_global_var(name)
+
+    # -------------------------------------------------------------- stream set and the public main
+    def emit_stream_funcs(self, n: int):
+        bb = self.bb
+        ty = tvm.ir.PrimType("int64")
+        with bb.function(STREAMS_FUNC, [], pure=False):
+            hs = [bb.emit(self.packed(CREATE, self.dev, ty=ty), name_hint=f"stream{k}") for k in range(n)]
+            out = bb.emit(relax.Tuple(hs), name_hint="streams")
+            bb.emit_func_output(out)
+        streams = relax.Var("streams", relax.TupleType([ty] * n))
+        with bb.function(FREE_STREAMS_FUNC, [streams], pure=False):
+            for k in range(n):
+                s = bb.emit(relax.TupleGetItem(streams, k), name_hint=f"stream{k}")
+                bb.emit(self.packed(FREE, self.dev, s), name_hint="freed")
+            bb.emit_func_output(relax.Tuple([]))
+        return bb.get().get_global_var(STREAMS_FUNC)
+
+    def emit_main(self, target_gv, streams_gv, n: int, gpu: bool):
+        bb = self.bb
+        old_main = self.old_main
+        params = [relax.Var(p.name, p.ty) for p in old_main.params]
+        ty = relax.TupleType([tvm.ir.PrimType("int64")] * n)
+        with bb.function("main", params, pure=False):
+            if gpu:
+                streams = bb.emit(relax.op.call_builtin_with_ctx(
+                    "vm.builtin.cuda_graph.get_cached_alloc", relax.Tuple([streams_gv, _i64(STREAM_CACHE_INDEX)]),
+                    ty_args=[ty]), name_hint="streams")
+            else:
+                streams = relax.Tuple([_i64(0)] * n)
+            out = bb.emit(relax.Call(target_gv, params + [streams]), name_hint="result")
+            bb.emit_func_output(out)
+
+
+def _identity(x):
+    from tvm import te
+
+    return te.compute(x.shape, lambda *i: x(*i), name="copy")
+
+
+def _leaves(bb, expr) -> list[relax.Expr]:
+    ty = expr.ty
+    if isinstance(ty, relax.TupleType):
+        out = []
+        for i in range(len(ty.fields)):
+            item = expr.fields[i] if isinstance(expr, relax.Tuple) else bb.emit(relax.TupleGetItem(expr, i))
+            out.extend(_leaves(bb, item))
+        return out
+    return [expr]
+
+
+def _rebuild(expr, leaves: list):
+    it = iter(leaves)
+
+    def go(e):
+        if isinstance(e.ty, relax.TupleType):
+            n = len(e.ty.fields)
+            return relax.Tuple([go(e.fields[i] if isinstance(e, relax.Tuple) else relax.TupleGetItem(e, i))
+                                for i in range(n)])
+        return next(it)
+
+    return go(expr)
+
+
+def lower_program(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",
+                  max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
+                  keep_alive: bool = True) -> Lowered:
+    """Lower ``schedule`` into the functions described in the module docstring. ``keep_alive=False`` leaves out
+    the lifetime extension (deliberately unsafe; only for testing the memory checker)."""
+    if mode not in MODES:
+        raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
+    schedule.validate(program.graph)
+    dev_kind = device_kind(target)
+    gpu = dev_kind in GPU_KINDS
+    n = resolve_stream_count(max_streams, schedule.max_concurrency())
+    reason = None
+    if cuda_graph and dev_kind != "cuda":
+        reason = f"CUDA graphs need a CUDA target (target device is {dev_kind})"
+        log.warning("cuda_graph requested but not used: %s", reason)
+        cuda_graph = False
+    em = _Emitter(program, dev_kind)
+    programs = {MAIN_FUNC: plan_streams(program, schedule, mode, n, staged_io=False, keep_alive=keep_alive)}
+    impl = em.emit_scheduled(MAIN_FUNC, programs[MAIN_FUNC], staged=False, n_streams=n)
+    target_gv = impl
+    if cuda_graph:
+        programs[MAIN_GRAPH_FUNC] = plan_streams(program, schedule, mode, n, staged_io=True, keep_alive=keep_alive)
+        target_gv = em.emit_scheduled(MAIN_GRAPH_FUNC, programs[MAIN_GRAPH_FUNC], staged=True, n_streams=n)
+    streams_gv = em.emit_stream_funcs(n)
+    em.emit_main(target_gv, streams_gv, n, gpu)
+    built = em.bb.get()
+    mod = program.mod
+    funcs = {gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}
+    names = {gv.name_hint for gv in funcs}
+    for gv, f in built.functions.items():
+        if gv.name_hint in names:
+            raise InteropError(f"function name {gv.name_hint!r} of the lowered program clashes with the model's")
+        funcs[gv] = f
+    new_mod = tvm.IRModule(funcs, attrs=mod.attrs)
+    return Lowered(mod=new_mod, programs=programs, num_streams=n, mode=mode, device=dev_kind, cuda_graph=cuda_graph,
+                   cuda_graph_reason=reason)
 
 
 def lower_to_relax(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",
-                   max_streams: int = 8) -> tvm.IRModule:
-    """Return a copy of the prepared module whose ``main`` runs ``schedule`` on streams.
-
-    Layout of the new main (one non-dataflow block, because stream calls have side effects):
-    create streams; for each stage: make every stream of the stage wait for the main stream (fork), switch to
-    the group's stream and issue its units, then make the main stream wait for every stream used (join) and pass
-    the stage's tensors to a keep-alive tuple; finally free the streams and return.
-    Groups beyond ``max_streams`` share streams round-robin (still correct: same-stream work is ordered).
-    """
-    if isinstance(target, str):
-        target = tvm.target.Target(target)
-    schedule.validate(program.graph)
-    mod = program.mod
-    old_main = mod["main"]
-    dev = relax.expr.StringImm(_device_string(target)) if hasattr(relax.expr, "StringImm") \
-        else tvm.ir.expr.StringImm(_device_string(target))
-    obj = relax.ObjectType()
-    n_streams = max(1, min(max_streams, schedule.max_concurrency()))
-
-    bb = relax.BlockBuilder()
-    params = [relax.Var(p.name, p.ty) for p in old_main.params]
-    var_map: dict[relax.Var, relax.Expr] = dict(zip(old_main.params, params))
-
-    def packed(name: str, *args):
-        return relax.Call(relax.ExternFunc(name), list(args), ty_args=[obj])
-
-    # Non-call bindings of the old main (aliases, tuples, tuple items) are re-emitted lazily when needed.
-    old_bindings: dict[relax.Var, relax.Expr] = {}
-    unit_binding: dict[str, relax.VarBinding] = {}
-    for block in old_main.body.blocks:
-        for b in block.bindings:
-            old_bindings[b.var] = b.value
-    for name, uc in program.calls.items():
-        unit_binding[name] = uc.binding_var
-
-    def remap(e: relax.Expr) -> relax.Expr:
-        if isinstance(e, relax.Var):
-            if e in var_map:
-                return var_map[e]
-            if e in old_bindings:  # a glue binding (tuple / tuple item / alias) whose inputs are now available
-                nv = bb.emit(remap(old_bindings[e]), name_hint=e.name)
-                var_map[e] = nv
-                return nv
-            raise ScheduleError(f"variable {e.name} used before it is produced in the schedule")
-        if isinstance(e, relax.Tuple):
-            return relax.Tuple([remap(f) for f in e.fields])
-        if isinstance(e, relax.TupleGetItem):
-            return relax.TupleGetItem(remap(e.tuple_value), e.index)
-        if isinstance(e, relax.Call):
-            return relax.Call(e.op, [remap(a) for a in e.args], e.attrs, e.ty_args)
-        return e
-
-    with bb.function("main", params, attrs=dict(old_main.attrs) if old_main.attrs else None):
-        streams = [bb.emit(packed("runtime.Device_StreamCreate", dev), name_hint=f"stream{k}")
-                   for k in range(n_streams)] if n_streams > 1 else []
-        main_stream = relax.prim_value(tvm.tirx.IntImm("int64", 0))
-        for stage in schedule.stages:
-            groups = [[u] for u in stage.units] if stage.strategy == MERGE else stage.groups
-            concurrent = len(groups) > 1 and streams
-            touched: list[relax.Expr] = []
-            used_streams = []
-            for gi, group in enumerate(groups):
-                if concurrent:
-                    s = streams[gi % n_streams]
-                    if s not in used_streams:
-                        used_streams.append(s)
-                        bb.emit(packed("runtime.Device_StreamSyncFromTo", dev, main_stream, s))
-                    bb.emit(packed("runtime.Device_SetStream", dev, s))
-                for name in group:
-                    var = unit_binding[name]
-                    value = old_bindings[var]
-                    new_value = remap(value)
-                    nv = bb.emit(new_value, name_hint=var.name)
-                    var_map[var] = nv
-                    if concurrent:
-                        touched.extend(a for a in new_value.args[1].fields if isinstance(a, relax.Var))
-                        touched.append(nv)
-            if concurrent:
-                bb.emit(packed("runtime.Device_SetStream", dev, main_stream))
-                for s in used_streams:
-                    bb.emit(packed("runtime.Device_StreamSyncFromTo", dev, s, main_stream))
-                # keep-alive: every tensor the stage touched stays live until the join above has been issued
-                uniq = list(dict.fromkeys(touched))
-                bb.emit(relax.Tuple(uniq), name_hint="stage_keepalive")
-        result = remap(old_main.body.body)
-        result = bb.emit(result, name_hint="result") if not isinstance(result, relax.Var) else result
-        for s in streams:
-            bb.emit(packed("runtime.Device_StreamFree", dev, s))
-        bb.emit_func_output(result)
-    new_main = bb.get()["main"]
-    new_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}, attrs=mod.attrs)
-    new_mod["main"] = new_main
-    return new_mod
+                   max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
+                   keep_alive: bool = True) -> tvm.IRModule:
+    """The lowered module (see :func:`lower_program`); ``tvm.compile(result, target)`` builds it."""
+    return lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
+                         keep_alive=keep_alive).mod

@@ -3,18 +3,26 @@
 Needs only TVM's runtime (it works with ``TVM_USE_RUNTIME_LIB=1``) and this package: that is the deployment
 contract. Two executors share one library:
 - ``threads`` (CPU default): the plan's concurrent groups on worker threads (``runtime.thread_executor``);
-- ``vm``: the Relax VM running the stream-lowered ``main`` (the GPU path; on a CPU it runs the schedule order).
+- ``vm``: the Relax VM running the stream-lowered program (the GPU path; on a CPU it runs the schedule order).
+  The streams are created once, when the VM is created (``runtime.cuda.StreamSet``), and freed by ``close``;
+  with ``cuda_graph=True`` (the default when the library was built with a CUDA-graph variant) the program runs
+  as one captured CUDA graph, falling back to direct launches (with a logged reason) if capture fails.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Sequence
 
 import numpy as np
 
+from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_cuda_device, ensure_cuda_runtime,
+                   is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
 from .plan import ExecutionPlan
+
+log = logging.getLogger(__name__)
 
 PLAN_FUNC = "__tvm_interop_plan"
 CONSTANTS_FUNC = "__tvm_interop_constants"
@@ -26,6 +34,8 @@ def _device_for(kind: str):
 
     if kind == "cpu":
         return tvm.cpu(0)
+    if kind == "cuda":
+        return check_cuda_device(0)
     dev = tvm.device(kind, 0)
     if not dev.exist:
         raise DeviceError(f"no {kind.upper()} device is available on this machine; the model was compiled for "
@@ -37,7 +47,7 @@ class ScheduledModel:
     """Runs a scheduled program. ``run(*inputs)`` returns numpy output(s)."""
 
     def __init__(self, library, device_kind: str = "cpu", executor: str | None = None, mode: str | None = None,
-                 num_workers: int | None = None):
+                 num_workers: int | None = None, plan: ExecutionPlan | None = None, cuda_graph: bool | None = None):
         import tvm
         from tvm.runtime import vm as rvm
 
@@ -46,19 +56,32 @@ class ScheduledModel:
         self._device = None
         self._vm = None
         self._threads = None
+        self._streams: StreamSet | None = None
+        self._entry: tuple[str, bool] | None = None
+        self._graph_failed: str | None = None
         self._executor_name = executor or ("threads" if device_kind == "cpu" else "vm")
         if self._executor_name not in EXECUTORS:
             raise InteropError(f"unknown executor {self._executor_name!r}; choose from {EXECUTORS}")
         if self._executor_name == "threads" and device_kind != "cpu":
             raise InteropError("the worker-thread executor runs CPU kernels only; use executor='vm' on a GPU")
-        # The payload lives in the same library; read it with a CPU VM (no device needed to inspect).
-        try:
-            meta_vm = rvm.VirtualMachine(library, tvm.cpu(0)) if device_kind == "cpu" else None
-            plan_fn = (meta_vm or rvm.VirtualMachine(library, tvm.cpu(0)))[PLAN_FUNC]
-        except Exception as e:  # noqa: BLE001
-            raise ExportError(f"this library is not a tvm-interop model (no {PLAN_FUNC}): {e}") from None
-        self.plan = ExecutionPlan.loads(str(plan_fn()))
+        meta_vm = None
+        if plan is None:
+            # The payload lives in the same library. A CPU library is read with a CPU VM (no device needed); a GPU
+            # library needs its device (TVM refuses to create even a CPU VM over kernels it cannot load).
+            try:
+                if device_kind == "cpu":
+                    meta_vm = rvm.VirtualMachine(library, tvm.cpu(0))
+                    plan_fn = meta_vm[PLAN_FUNC]
+                else:
+                    plan_fn = self._vm_executor()[PLAN_FUNC]
+            except DeviceError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise ExportError(f"this library is not a tvm-interop model (no {PLAN_FUNC}): {e}") from None
+            plan = ExecutionPlan.loads(str(plan_fn()))
+        self.plan = plan
         self.mode = mode or self.plan.meta.get("mode", "stage")
+        self.cuda_graph = bool(self.plan.meta.get("cuda_graph", False)) if cuda_graph is None else bool(cuda_graph)
         self._num_workers = num_workers
         self._meta_vm = meta_vm
 
@@ -81,8 +104,41 @@ class ScheduledModel:
         if self._vm is None:
             from tvm.runtime import vm as rvm
 
-            self._vm = rvm.VirtualMachine(self.library, self.device())
+            dev = self.device()
+            try:
+                self._vm = rvm.VirtualMachine(self.library, dev)
+            except Exception as e:  # noqa: BLE001
+                if self.device_kind == "cuda" and "CUDA runtime is not linked" in str(e):
+                    raise DeviceError("no CUDA device: TVM's CUDA runtime is not available in this process") from None
+                raise
         return self._vm
+
+    def _entry_point(self, vm) -> tuple[str, bool]:
+        """Which function runs the model, and whether it takes the stream handles (created here, once)."""
+        if self._entry is None:
+            if vm.module.implements_function(MAIN_FUNC):
+                self._streams = StreamSet(vm, self.device() if self.device_kind != "cpu" else None)
+                name = MAIN_FUNC
+                if self.cuda_graph and not self._graph_failed:
+                    if vm.module.implements_function(MAIN_GRAPH_FUNC) and self.plan.meta.get("cuda_graph"):
+                        name = MAIN_GRAPH_FUNC
+                    else:
+                        log.warning("CUDA graph requested but not available, running direct launches: %s",
+                                    self.plan.meta.get("cuda_graph_reason")
+                                    or "the library was built without a CUDA-graph variant")
+                self._entry = (name, True)
+            else:  # a library lowered before the streams became a parameter
+                self._entry = ("main", False)
+        return self._entry
+
+    @property
+    def entry_function(self) -> str | None:
+        """The VM function ``run`` calls (after the first run)."""
+        return self._entry[0] if self._entry else None
+
+    @property
+    def num_streams(self) -> int:
+        return self._streams.count if self._streams is not None else 0
 
     def _thread_executor(self):
         if self._threads is None:
@@ -112,10 +168,21 @@ class ScheduledModel:
         import tvm
 
         self._check_inputs(inputs)
+        vm = self._vm_executor()
         dev = self.device()
         args = [x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
                 for x in inputs]
-        out = self._vm_executor()["main"](*args)
+        name, with_streams = self._entry_point(vm)
+        extra = [self._streams.handles] if with_streams else []
+        try:
+            out = vm[name](*args, *extra)
+        except Exception as e:  # noqa: BLE001
+            if name != MAIN_GRAPH_FUNC:
+                raise
+            self._graph_failed = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            log.warning("CUDA graph capture failed (%s); falling back to direct launches", self._graph_failed)
+            self._entry = (MAIN_FUNC, True)
+            out = vm[MAIN_FUNC](*args, *extra)
         return _vm_to_numpy(out) if numpy else out
 
     def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
@@ -139,6 +206,10 @@ class ScheduledModel:
         if self._threads is not None:
             self._threads.close()
             self._threads = None
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
+            self._entry = None
 
 
 def _lookup(lib, name: str):
@@ -178,9 +249,27 @@ def export_library(library, path: str) -> None:
         raise ExportError(f"could not export the model to {path}: {e}") from None
 
 
+def _library_device(lib) -> str:
+    """``cuda`` when the library (or a module it imports) holds CUDA kernels, else ``cpu``."""
+    seen = set()
+    stack = [lib]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if getattr(m, "kind", "") == "cuda":
+            return "cuda"
+        stack.extend(getattr(m, "imports", []) or [])
+    return "cpu"
+
+
 def load(path: str, device: str | None = None, executor: str | None = None, mode: str | None = None,
-         num_workers: int | None = None) -> ScheduledModel:
-    """Load an exported ``.so`` with TVM's runtime only and return a runnable ScheduledModel."""
+         num_workers: int | None = None, cuda_graph: bool | None = None) -> ScheduledModel:
+    """Load an exported ``.so`` with TVM's runtime only and return a runnable ScheduledModel.
+
+    A library built for CUDA needs TVM's CUDA runtime and a GPU: without them this raises DeviceError
+    ("no CUDA device ...")."""
     import tvm
 
     if not os.path.exists(path):
@@ -188,12 +277,16 @@ def load(path: str, device: str | None = None, executor: str | None = None, mode
     try:
         lib = tvm.runtime.load_module(path)
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"{path}: not a loadable TVM library ({str(e).splitlines()[0] if str(e) else e})") from None
-    model = ScheduledModel(lib, device_kind="cpu", executor="vm" if executor == "vm" else None, mode=mode,
-                           num_workers=num_workers)
-    kind = device or model.plan.meta.get("device", "cpu")
-    if kind != "cpu":
-        model = ScheduledModel(lib, device_kind=kind, executor=executor or "vm", mode=mode, num_workers=num_workers)
-    elif executor:
-        model = ScheduledModel(lib, device_kind="cpu", executor=executor, mode=mode, num_workers=num_workers)
-    return model
+        if not is_cuda_loader_error(e):
+            raise ExportError(f"{path}: not a loadable TVM library ({str(e).splitlines()[0] if str(e) else e})") from None
+        ensure_cuda_runtime()  # raises DeviceError when TVM's CUDA runtime (driver, GPU) is missing
+        try:
+            lib = tvm.runtime.load_module(path)
+        except Exception as e2:  # noqa: BLE001
+            raise ExportError(f"{path}: cannot load ({str(e2).splitlines()[0] if str(e2) else e2})") from None
+    kind = device or _library_device(lib)
+    if kind == "cpu":
+        return ScheduledModel(lib, device_kind="cpu", executor=executor, mode=mode, num_workers=num_workers,
+                              cuda_graph=cuda_graph)
+    return ScheduledModel(lib, device_kind=kind, executor=executor or "vm", mode=mode, num_workers=num_workers,
+                          cuda_graph=cuda_graph)

@@ -1,0 +1,256 @@
+"""Building a stream-lowered module for CUDA, on a machine with or without a GPU.
+
+* **Targets.** This TVM refuses the old CLI target strings (``"cuda -arch=sm_90"``); :func:`normalize_target`
+  accepts them anyway, plus ``"cuda"``, dicts and ``Target`` objects, and fills in ``arch`` (default ``sm_90``,
+  the H100 / H200; ``TVM_INTEROP_CUDA_ARCH`` overrides) so that no GPU is needed to pick one.
+* **Compiler.** Kernels are compiled with ``nvcc`` (``TVM_CUDA_COMPILE_MODE=nvcc`` is set when unset; TVM's other
+  mode, NVRTC, needs the ``cuda-bindings`` package). No GPU or driver is needed for that.
+* **Pipeline.** TVM's default CUDA pipeline (``relax.backend.cuda``): legalization, DLight's default GPU
+  schedules (``ApplyDefaultSchedule(Matmul, GEMV, Reduction, GeneralReduction, Fallback)``: every kernel gets
+  thread bindings), memory planning, and the VM lowering passes — with one change: ``RewriteCUDAGraph`` is applied
+  to the CUDA-graph variant ``__tvm_interop_main_graph`` only (TVM's pass would otherwise also try to lift the
+  stream-creating function and the helper functions of every other function). The rewritten function is then
+  checked: exactly one captured region must hold every scheduled kernel and stream call (only the input and
+  output copies may stay outside). Otherwise the variant keeps direct launches and the reason is reported
+  (:class:`CudaBuildReport`) and logged: a program split into several regions would leave a stream switch or an
+  event inside one graph and the kernels it orders outside it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from runtime.cuda import COPY_FUNC, MAIN_GRAPH_FUNC
+from runtime.errors import InteropError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ARCH = "sm_90"
+RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
+
+
+def default_arch() -> str:
+    return os.environ.get("TVM_INTEROP_CUDA_ARCH", DEFAULT_ARCH)
+
+
+def normalize_target(target) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from ``"cuda"``, ``"cuda -arch=sm_80"``, ``{"kind": "cuda", ...}``, ``"llvm"``,
+    or a Target; a CUDA target without ``arch`` gets :func:`default_arch`."""
+    if isinstance(target, tvm.target.Target):
+        if target.kind.name == "cuda" and not target.attrs.get("arch"):
+            d = dict(target.export())
+            d["arch"] = default_arch()
+            return tvm.target.Target(_clean(d))
+        return target
+    if isinstance(target, dict):
+        d = dict(target)
+    elif isinstance(target, str):
+        words = shlex.split(target)
+        if not words:
+            raise InteropError("empty target")
+        if words[0].startswith("{"):
+            import json
+
+            d = json.loads(target)
+        else:
+            d = {"kind": words[0]}
+            for w in words[1:]:
+                if not w.startswith("-") or "=" not in w:
+                    raise InteropError(f"cannot read target option {w!r} in {target!r} (expected -key=value)")
+                k, v = w.lstrip("-").split("=", 1)
+                d[k.replace("-", "_")] = v
+    else:
+        raise InteropError(f"cannot make a TVM target from {type(target).__name__}")
+    if d.get("kind") == "cuda" and not d.get("arch"):
+        d["arch"] = default_arch()
+    try:
+        return tvm.target.Target(d if len(d) > 1 else d["kind"])
+    except Exception as e:  # noqa: BLE001 - TVM raises several types here
+        raise InteropError(f"invalid target {target!r}: {str(e).splitlines()[-1]}") from None
+
+
+def _clean(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in ("tag", "keys") or v}
+
+
+def is_cuda(target) -> bool:
+    return normalize_target(target).kind.name == "cuda"
+
+
+def ensure_nvcc() -> str:
+    """Select nvcc for CUDA compilation (when the user chose nothing) and return its path."""
+    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    mode = os.environ["TVM_CUDA_COMPILE_MODE"].lower()
+    if mode != "nvcc":
+        return mode
+    path = shutil.which("nvcc")
+    if path is None:
+        for cand in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
+            if os.path.exists(cand):
+                path = cand
+                os.environ["PATH"] = os.path.dirname(cand) + os.pathsep + os.environ.get("PATH", "")
+                break
+    if path is None:
+        raise InteropError("building for CUDA needs nvcc (the CUDA toolkit) on PATH; install it, or set "
+                           "TVM_CUDA_COMPILE_MODE=nvrtc with the cuda-bindings package")
+    return path
+
+
+@dataclass
+class CudaBuildReport:
+    cuda_graph_requested: bool = False
+    cuda_graph: bool = False
+    reason: str | None = None
+    captured_calls: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"cuda_graph_requested": self.cuda_graph_requested, "cuda_graph": self.cuda_graph,
+                "cuda_graph_reason": self.reason, "captured_calls": self.captured_calls}
+
+
+# ---------------------------------------------------------------------------------------------- CUDA graph
+def _calls(func) -> list[relax.Call]:
+    out: list[relax.Call] = []
+
+    def visit(e):
+        if isinstance(e, relax.Call):
+            out.append(e)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return out
+
+
+def _callee_name(call: relax.Call) -> str:
+    op = call.op
+    if isinstance(op, relax.ExternFunc):
+        return str(op.global_symbol)
+    if isinstance(op, relax.GlobalVar):
+        return op.name_hint
+    if isinstance(op, tvm.ir.Op):
+        return op.name
+    return ""
+
+
+def _graph_check(mod: tvm.IRModule, fname: str) -> tuple[bool, str | None, int]:
+    """Is every scheduled kernel and stream call of ``fname`` inside its single captured region?"""
+    func = mod[fname]
+    captures = []
+    stray = []
+    for c in _calls(func):
+        name = _callee_name(c)
+        if name == "relax.call_builtin_with_ctx" and isinstance(c.args[0], relax.ExternFunc) \
+                and str(c.args[0].global_symbol) == RUN_OR_CAPTURE:
+            captures.append(c)
+        elif name.startswith("runtime.Device_"):
+            stray.append(name)
+        elif isinstance(c.op, relax.GlobalVar) and isinstance(mod[c.op], tvm.tirx.PrimFunc) \
+                and not name.startswith(COPY_FUNC):
+            stray.append(name)
+    if not captures:
+        return False, "TVM found no region it can capture (no static kernel launches)", 0
+    if len(captures) > 1:
+        return False, (f"the program splits into {len(captures)} captured regions (something between them is not "
+                       "static), which would separate stream switches from the kernels they order"), 0
+    if stray:
+        return False, (f"{len(stray)} scheduled call(s) stay outside the captured region "
+                       f"(e.g. {', '.join(sorted(set(stray))[:3])})"), 0
+    capture_fn = captures[0].args[1].fields[0]
+    n = len(_calls(mod[capture_fn])) if isinstance(capture_fn, relax.GlobalVar) else 0
+    return True, None, n
+
+
+def rewrite_cuda_graph_for(func_names, report: CudaBuildReport) -> tvm.transform.Pass:
+    """TVM's RewriteCUDAGraph applied to ``func_names`` only, checked (see module docstring); on failure the
+    functions are left with direct launches and ``report.reason`` says why."""
+
+    @tvm.transform.module_pass(opt_level=0, name="InteropRewriteCUDAGraph")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        names = [n for n in func_names if any(gv.name_hint == n for gv in mod.get_global_vars())]
+        if not names:
+            return mod
+        sub = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                            if gv.name_hint in names or isinstance(f, tvm.tirx.PrimFunc)})
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+            try:
+                rewritten = relax.transform.RewriteCUDAGraph()(sub)
+            except Exception as e:  # noqa: BLE001 - TVM internal failure: keep direct launches
+                report.reason = f"RewriteCUDAGraph failed: {str(e).splitlines()[-1]}"
+                log.warning("CUDA graph disabled: %s", report.reason)
+                return mod
+        for n in names:
+            ok, why, count = _graph_check(rewritten, n)
+            if not ok:
+                report.reason = why
+                log.warning("CUDA graph disabled for %s, falling back to direct launches: %s", n, why)
+                return mod
+            report.captured_calls += count
+        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, f in rewritten.functions.items():
+            if gv.name_hint in names or not isinstance(f, tvm.tirx.PrimFunc):
+                out[gv] = f
+        report.cuda_graph = True
+        return out
+
+    return _pass
+
+
+def graph_feasibility(mod: tvm.IRModule, target=None, func: str = MAIN_GRAPH_FUNC) -> tuple[bool, str | None]:
+    """Would :func:`rewrite_cuda_graph_for` capture ``func`` as one graph? (Runs only memory planning and the
+    rewrite on a copy, no kernel compilation, so the answer can be recorded before building.)"""
+    from .stream_memory import plan_memory
+
+    if not any(gv.name_hint == func for gv in mod.get_global_vars()):
+        return False, f"the module has no {func}"
+    report = CudaBuildReport(cuda_graph_requested=True)
+    planned = plan_memory(mod, target)
+    rewrite_cuda_graph_for((func,), report)(planned)
+    return report.cuda_graph, report.reason
+
+
+def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
+                  report: CudaBuildReport | None = None) -> tvm.transform.Pass:
+    """TVM's default CUDA pipeline with RewriteCUDAGraph restricted to ``graph_funcs``."""
+    from tvm.relax.backend.cuda import pipeline as cp
+
+    report = report if report is not None else CudaBuildReport()
+    finalize = [rewrite_cuda_graph_for(graph_funcs, report) if p.info.name == "RewriteCUDAGraph" else p
+                for p in cp.finalize_passes(target)]
+
+    @tvm.transform.module_pass(opt_level=0, name="InteropCUDAPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            seq = tvm.transform.Sequential(cp.library_dispatch_passes(target) + cp.legalize_passes(target)
+                                           + cp.dataflow_lower_passes(target) + finalize)
+            return seq(mod)
+
+    return _pipeline
+
+
+def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True):
+    """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``."""
+    target = normalize_target(target)
+    if target.kind.name != "cuda":
+        raise InteropError(f"build_cuda needs a CUDA target, got {target.kind.name}")
+    ensure_nvcc()
+    report = CudaBuildReport(cuda_graph_requested=cuda_graph)
+    graph_funcs = (MAIN_GRAPH_FUNC,) if cuda_graph else ()
+    if cuda_graph and not any(gv.name_hint == MAIN_GRAPH_FUNC for gv in mod.get_global_vars()):
+        report.reason = "the module was lowered without a CUDA-graph variant"
+        graph_funcs = ()
+    t0 = time.perf_counter()
+    try:
+        ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, graph_funcs, report))
+    except Exception as e:  # noqa: BLE001 - nvcc / codegen errors come as several types
+        msg = str(e).strip().splitlines()
+        raise InteropError(f"CUDA build failed: {msg[-1] if msg else type(e).__name__}") from e
+    report.seconds = time.perf_counter() - t0
+    return ex, report

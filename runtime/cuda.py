@@ -1,0 +1,168 @@
+"""The GPU side of the runtime: the names of the functions a stream-lowered library carries, loading TVM's CUDA
+runtime in a runtime-only install, and the per-model stream set.
+
+Needs TVM's runtime only (it works with ``TVM_USE_RUNTIME_LIB=1``). What a library built by
+``passes.lower_streams`` contains (every name below is a Relax function of the library):
+
+``main(*inputs)``
+    the model, callable by TVM alone. On a GPU it gets its streams from the VM's per-VM cache
+    (``vm.builtin.cuda_graph.get_cached_alloc``: the stream-creating function runs once per VirtualMachine and
+    its result is kept by the VM), so streams are created once per loaded model, never per call. On a CPU it
+    passes null stream handles (a CPU has no streams; every stream call is a no-op there).
+``__tvm_interop_main(*inputs, streams)``
+    the scheduled program proper, with the stream handles as a parameter (``num_input`` = number of inputs, so
+    TVM's CUDA-graph rewriting treats the handles as fixed). Groups are dispatched to their streams, stages and
+    dependencies are enforced with events (``runtime.Device_StreamSyncFromTo``), never with a device-wide sync.
+``__tvm_interop_main_graph(*inputs, streams)``
+    the same program for CUDA-graph capture (present when the library was built with ``cuda_graph=True``):
+    inputs are first copied into static buffers and outputs copied out, so that everything in between runs as
+    one captured graph (``vm.builtin.cuda_graph.run_or_capture``). If the build could not lift the program
+    into a graph, the function still exists and runs with direct launches (the reason is in the plan's
+    ``meta["cuda_graph_reason"]``).
+``__tvm_interop_streams()`` / ``__tvm_interop_free_streams(streams)``
+    create / free the stream set (``num_streams`` streams; ``runtime.Device_StreamCreate`` / ``StreamFree``).
+
+:class:`StreamSet` is what :class:`runtime.model.ScheduledModel` uses: it calls ``__tvm_interop_streams`` once
+when the VM is created, passes the handles to every run and frees them (after a device sync) on ``close``.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+
+from .errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+MAIN_FUNC = "__tvm_interop_main"
+MAIN_GRAPH_FUNC = "__tvm_interop_main_graph"
+STREAMS_FUNC = "__tvm_interop_streams"
+FREE_STREAMS_FUNC = "__tvm_interop_free_streams"
+CURRENT_STREAM_FUNC = "__tvm_interop_current_stream"
+KEEPALIVE_PREFIX = "__tvm_interop_keepalive"
+COPY_FUNC = "__tvm_interop_copy"
+# Key of the stream set in the VM's per-VM cache (``vm.builtin.cuda_graph.get_cached_alloc``). TVM's own
+# CUDA-graph rewriting uses key 0 for its storage; this one is far from it.
+STREAM_CACHE_INDEX = 0x7E5_0001
+
+# DLPack device type codes of the devices a stream program may target.
+DL_DEVICE_TYPE = {"cpu": 1, "cuda": 2, "opencl": 4, "vulkan": 7, "metal": 8, "rocm": 10}
+
+_CUDA_RUNTIME_MARKER = "ffi.Module.load_from_bytes.cuda"
+
+
+def cuda_runtime_available() -> bool:
+    """True when TVM's CUDA runtime is loaded (it registers the loader of CUDA kernels)."""
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func(_CUDA_RUNTIME_MARKER, allow_missing=True) is not None
+
+
+def _preload_cudart() -> None:
+    """Make ``libcudart.so.13`` loadable: it may live in a pip package (``nvidia-cuda-runtime``) or a toolkit."""
+    candidates: list[str] = []
+    for base in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        candidates += glob.glob(os.path.join(base, "lib64", "libcudart.so*"))
+        candidates += glob.glob(os.path.join(base, "lib", "libcudart.so*"))
+    try:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_runtime/lib
+        import nvidia  # type: ignore
+
+        for root in list(getattr(nvidia, "__path__", [])):
+            candidates += glob.glob(os.path.join(root, "*", "lib", "libcudart.so*"))
+    except ImportError:
+        pass
+    for path in sorted(candidates, key=len):
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
+        except OSError:
+            continue
+
+
+def ensure_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime library if it is not loaded yet (a runtime-only TVM does not load it itself).
+
+    Raises DeviceError with the reason when it cannot be loaded (no driver, no CUDA runtime library).
+    """
+    if cuda_runtime_available():
+        return
+    import tvm  # noqa: F401 - loads libtvm_runtime first
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    runtime_dir = os.path.dirname(os.path.realpath(_LOADED_LIBS["tvm_runtime"]._name))
+    err = None
+    for attempt in range(2):
+        try:
+            _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+                package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL")
+            break
+        except (OSError, FileNotFoundError, RuntimeError) as e:
+            err = e
+            if attempt == 0:
+                _preload_cudart()
+    if not cuda_runtime_available():
+        raise DeviceError(
+            "no CUDA device: TVM's CUDA runtime could not be loaded on this machine "
+            f"({str(err).splitlines()[0] if err else 'libtvm_runtime_cuda.so registers no CUDA module loader'}); "
+            "run the model on a machine with an NVIDIA GPU and driver, or compile for target 'llvm'")
+
+
+def check_cuda_device(device_id: int = 0):
+    """Return ``tvm.cuda(device_id)`` or raise DeviceError('no CUDA device ...')."""
+    import tvm
+
+    ensure_cuda_runtime()
+    dev = tvm.cuda(device_id)
+    if not dev.exist:
+        raise DeviceError(f"no CUDA device: cuda:{device_id} does not exist on this machine (the model was compiled "
+                          "for CUDA); run it on a machine with an NVIDIA GPU, or compile for target 'llvm'")
+    return dev
+
+
+def is_cuda_loader_error(e: BaseException) -> bool:
+    """True when ``tvm.runtime.load_module`` failed because TVM's CUDA runtime is missing."""
+    text = str(e)
+    return "load_from_bytes.cuda" in text or ("{cuda}" in text and "loader" in text)
+
+
+class StreamSet:
+    """The streams of one loaded model: created once (``__tvm_interop_streams``), reused by every run, freed on
+    ``close``. ``handles`` is what ``__tvm_interop_main`` takes as its last argument."""
+
+    def __init__(self, vm, device=None):
+        self._vm = vm
+        self._device = device
+        self.handles = vm[STREAMS_FUNC]()
+        self._closed = False
+
+    @property
+    def count(self) -> int:
+        return len(self.handles)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._device is not None:
+                self._device.sync()
+            self._vm[FREE_STREAMS_FUNC](self.handles)
+        except Exception as e:  # noqa: BLE001 - freeing is best effort at shutdown
+            log.debug("could not free streams: %s", e)
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def has_function(vm, name: str) -> bool:
+    try:
+        vm[name]
+        return True
+    except Exception:  # noqa: BLE001 - the VM raises when the function is missing
+        return False
