@@ -34,3 +34,27 @@ def test_tight_bound_tightens_to_sequential_memory(program):
     assert mode == "stage" and rep.tightened
     assert rep.scheduled_bytes <= rep.sequential_bytes * 1.0 or rep.max_groups == 1
     out.validate(program.graph)
+
+
+def test_compile_applies_the_bound(branchy_model, branchy_input, branchy_reference):
+    import numpy as np
+
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=1.0)
+    assert cm.memory.tightened and cm.memory.limit == 1.0
+    np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4)
+    free = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=None)
+    assert free.memory is None and free.schedule.max_concurrency() >= cm.schedule.max_concurrency()
+    cm.close()
+    free.close()
+
+
+def test_compile_refuses_schedule_for_another_device(branchy_model, tmp_path):
+    from runtime.errors import ScheduleError
+
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", cost="sim:h100")
+    p = tmp_path / "s.json"
+    cm.schedule.save(p)
+    with pytest.raises(ScheduleError, match="tuned for 'sim:h100'"):
+        tvm_interop.compile(branchy_model, schedule=str(p))
+    ok = tvm_interop.compile(branchy_model, schedule=str(p), allow_device_mismatch=True)
+    assert ok.schedule.device == "sim:h100"

@@ -77,6 +77,7 @@ class CompiledModel:
     timings: dict = field(default_factory=dict)
     max_streams: int = 8
     guard: object = None  # passes.guard.GuardResult when the never-slower guard ran
+    memory: object = None  # passes.memory_bound.MemoryReport (activation bytes vs sequential, bound applied)
     # what was lowered and built: ``program``/``schedule`` with merge stages applied (passes.merge); the same
     # objects as ``program``/``schedule`` when the schedule has no merge stage
     built_program: object = field(default=None, repr=False)
@@ -119,7 +120,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             width: float = 1.0, max_streams: int = 8, max_block_size: int | None = None,
             num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
-            guard_repeat: int = 15, cuda_graph: bool | None = None) -> CompiledModel:
+            guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
+            allow_device_mismatch: bool = False) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -128,6 +130,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``cost``: cost model spec for the scheduler (``"sim:cpu"``, ``"sim:h100"``, ...); default: a simulated
     preset for the target when available.
     ``executor``: ``threads`` (CPU worker threads, CPU default) or ``vm`` (Relax VM with streams).
+    ``max_memory_ratio``: bound on activation memory vs the sequential program (default 1.5x; None = no bound);
+    a schedule over it is tightened (fewer groups per stage) and the outcome is in ``.memory``.
+    ``allow_device_mismatch``: apply a schedule file tuned for another kind of device anyway.
     ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
     the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     """
@@ -160,6 +165,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     if schedule is not None:
         sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
         sched.validate(program.graph)
+        sched.check_device(device_kind, allow_mismatch=allow_device_mismatch)
     else:
         if cost is None:
             cost = _default_cost(device_kind)
@@ -178,6 +184,14 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                 cost_model.close()
         if cost_model is not None:
             sched.search.update(cost_model.stats())
+    memory = None
+    if max_memory_ratio is not None or mode == "dependency":
+        from passes.memory_bound import bound_memory
+
+        bounded, mode, memory = bound_memory(program, sched, mode, max_memory_ratio)
+        if bounded is not sched:
+            bounded.search["memory_tightened_from"] = sched.max_concurrency()
+            sched = bounded
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
 
@@ -234,7 +248,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     log.info("compiled %s: %d units, %d stages (%s) in %.1f s", model_name, len(program.graph), sched.num_stages,
              sched.scheduler, timings["total"])
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
-                         guard=guard_result, max_streams=max_streams, built_program=built["program"],
+                         guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
 
 
