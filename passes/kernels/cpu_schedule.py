@@ -1,34 +1,49 @@
 """A default CPU schedule for the PrimFuncs that ``relax.get_pipeline("zero")`` produces.
 
-TVM's default CPU build of an unscheduled PrimFunc is a naive loop nest: no tiling, no vectorisation, no threads
-(Inception-v3: 6.2 s vs 193 ms in PyTorch). This module gives every heavy kernel a reasonable hand-written
-schedule so untuned builds are usable. It is generic: it inspects the blocks of a PrimFunc (iterator kinds,
-buffer access patterns) instead of matching one model, and handles
+TVM's default CPU build of an unscheduled PrimFunc is a naive loop nest: no tiling, no explicit vectorisation,
+no threads (Inception-v3: 6.2 s vs 193 ms in PyTorch). This module gives the heavy kernels a reasonable
+hand-written schedule so that untuned builds are usable. It is generic: it inspects the blocks of a PrimFunc
+(iterator kinds, buffer access patterns) instead of matching names or one model.
 
-* one reduction block (conv2d NCHW incl. grouped/depthwise/strided, matmul NN / dense NT, pooling, reductions)
-  with its injective prologue (padding) and epilogue (bias, relu, ...), and
-* injective-only functions (elementwise, concat, pad, reshape, ...).
+Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``):
 
-The plans, tried in order until one applies (each on a fresh schedule):
-
+``light_reduction``
+    one reduction block with a small reduction (<= 64) and no operand reused across an output axis: pooling,
+    depthwise conv. Memory bound: unroll the window, keep LLVM's vectoriser in charge, threads only for big
+    outputs (measured: explicit vectorisation with gathers and threads on small outputs are slower).
 ``spatial_vector``
-    register tile ``[u_i x v_i]`` of the output, where ``v`` is the spatial axis that indexes the output's
-    innermost dimension (vectorised: output width for conv, columns for matmul) and ``u`` is a spatial axis the
-    main input does not depend on (output channels for conv, rows for matmul), so one vector load of the input
-    feeds ``u_i`` FMAs. Loop order: outer spatial tiles (the leading ones fused and parallel), the reduction loops,
-    then ``u_i`` (unrolled) and ``v_i`` (vectorised). The accumulator is a local (register) tile
-    (``cache_write``) written back, with the epilogue inlined into the write-back.
+    one reduction block with a compute-bound reuse pattern (conv2d NCHW incl. grouped/strided/1xk, matmul,
+    dense with a batch), with its injective prologue (padding) and epilogue (bias, batch-norm scale/shift,
+    relu, ...). Chooses a vector axis ``v`` among the output axes: either the output's innermost axis when every
+    input is contiguous (or invariant) along it, or an axis along which a *weight* is strided, that weight then
+    being repacked with ``v`` innermost (conv: OIHW -> O/16 I H W 16, a copy per call that costs well under 1%
+    of the conv). A second axis ``u`` that some ``v``-dependent input does not depend on (output width for conv
+    over channels) gives the register tile ``[u_t x v_t]``: each vector load of the weights feeds ``u_t`` FMAs and
+    each broadcast of an input element feeds ``v_t / lanes`` FMAs. Loop order: outer tiles (the leading ones fused
+    and parallel), the reduction loops, ``u_t`` (unrolled), ``v_t`` (vectorised). The accumulator tile lives in a
+    ``local`` buffer (registers after LLVM's SROA), written back once per tile with the epilogue inlined into
+    the write-back; the padding stage stays a separate, parallel stage.
 ``reduction_vector``
-    for dense / ``matmul_NT`` where the output's innermost axis is strided in the weights but the reduction axis
-    is contiguous in every input: ``rfactor`` the reduction by the vector width, vectorise the partial sums.
+    dense / ``matmul_NT`` without enough reuse to repack the weights (GEMV, batch 1): ``rfactor`` the reduction
+    by the vector width, vectorise the partial sums (contiguous loads of both operands).
 ``simple``
-    parallel outer spatial loops, reduction inside, no vectorisation.
+    any other single reduction: parallel outer spatial loops, reduction inside, epilogue computed at the tile.
+``injective``
+    no reduction (elementwise, concat, pad, reshape, ...): inline producers, exact-tile vectorisation of the
+    innermost loop, threads only for big outputs.
+``each_block``
+    several reductions (softmax, norms): each block parallelised on its own.
 
-Every plan is checked by TVM's schedule primitives (which refuse illegal transformations); any error makes
-:func:`schedule_cpu` return the input function unchanged (logged at debug level), so a kernel is never worse than
-unscheduled and never wrong.
+Every transformation goes through TVM's schedule primitives, which refuse illegal ones; any error makes
+:func:`schedule_cpu` move on to the next plan and finally return the input unchanged (logged at debug level), so
+a kernel is never wrong. The plans were tuned on a 2-core AMD EPYC (AVX2) with ``mcpu`` set; note that the plain
+``"llvm"`` target compiles for generic x86-64 (SSE2), about 2.5x slower on convs than
+``{"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}``.
 
-Run ``python -m passes.kernels.cpu_schedule`` for a small benchmark of the default vs this schedule.
+``schedule_cpu(..., parallel=False)`` produces single-threaded kernels, for an executor that runs several
+kernels at the same time on its own worker threads (TVM's thread pool inside each kernel would compete).
+
+Run ``python -m passes.kernels.cpu_schedule --help`` for the benchmark of the default build vs this schedule.
 """
 from __future__ import annotations
 
@@ -36,6 +51,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
@@ -44,8 +60,19 @@ log = logging.getLogger(__name__)
 
 __all__ = ["schedule_cpu", "apply_cpu_schedules", "vector_lanes"]
 
-_MIN_PARALLEL_WORK = 1 << 15  # multiply-adds (or elements) below which threads cost more than they give
+_MIN_PARALLEL_MACS = 1 << 20  # compute-bound kernels: multiply-adds below which threads cost more than they give
+_MIN_PARALLEL_ELEMS = 1 << 20  # memory-bound kernels: output elements below which threads do not pay
 _MAX_VEC_REGS = 4  # at most this many vector registers per accumulator row
+_MIN_REPACK_REUSE = 16  # repack a weight only if each element is then used this many times (conv: OH*OW)
+_REPACK_IN_DEST_ORDER = True
+_LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operand reuse is memory bound
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    lanes: int  # fp32 lanes of one vector register
+    acc_regs: int  # vector registers for the accumulator tile
+    threads: int  # threads a parallel loop gets (1: no parallel loops)
 
 
 # ----------------------------------------------------------------------------------------------- target
@@ -92,7 +119,7 @@ def _num_vector_regs(target) -> int:
 def vector_lanes(target=None, dtype_bits: int = 32) -> int:
     """Number of ``dtype_bits`` lanes in one SIMD register of ``target``.
 
-    Note: the plain ``"llvm"`` target compiles for generic x86-64 (SSE2, 4 x fp32); give the CPU, e.g.
+    The plain ``"llvm"`` target compiles for generic x86-64 (SSE2, 4 x fp32); give the CPU, e.g.
     ``{"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}``, to get AVX2 / AVX-512 code.
     """
     return max(1, _simd_bits(target) // dtype_bits)
@@ -106,6 +133,10 @@ def _num_threads() -> int:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+class _Skip(Exception):
+    """This plan does not apply to the function."""
+
+
 def _int(x) -> int | None:
     try:
         return int(x)
@@ -115,6 +146,11 @@ def _int(x) -> int | None:
 
 def _extent(sch: s_tir.Schedule, loop) -> int | None:
     return _int(sch.get(loop).extent)
+
+
+def _work(ivs) -> int:
+    """Product of the static extents of block iterators (a dynamic one, e.g. the batch, counts as 1)."""
+    return math.prod(_int(iv.dom.extent) or 1 for iv in ivs)
 
 
 def _divisors(n: int) -> list[int]:
@@ -127,6 +163,11 @@ def _best_divisor_at_most(n: int, cap: int) -> int:
 
 def _iter_kind(iv) -> str:
     return {tirx.IterVar.DataPar: "S", tirx.IterVar.CommReduce: "R"}.get(iv.iter_type, "O")
+
+
+def _buf(region):
+    """The buffer of a read/write region (``.source`` in TVM 0.27, ``.buffer`` before)."""
+    return region.source if hasattr(region, "source") else region.buffer
 
 
 def _coeff(expr, var) -> int | None:
@@ -145,6 +186,10 @@ def _flat_offset(region):
     return off
 
 
+def _is_point(region) -> bool:
+    return all(_int(r.extent) == 1 for r in region.region)
+
+
 def _uses(expr, var) -> bool:
     from tvm.tirx.analysis import undefined_vars
 
@@ -155,8 +200,25 @@ def _region_uses(region, var) -> bool:
     return any(_uses(r.min, var) or _uses(r.extent, var) for r in region.region)
 
 
+def _dims_using(region, var) -> list[int]:
+    return [d for d, r in enumerate(region.region) if _uses(r.min, var)]
+
+
+def _index_dtype(region) -> str:
+    shape = _buf(region).shape
+    if not len(shape):
+        return "int64"
+    dim = shape[0]
+    dtype = getattr(dim, "dtype", None) or getattr(getattr(dim, "ty", None), "dtype", None)
+    return str(dtype) if dtype is not None else "int64"
+
+
 def _choose_vec_tile(extent: int, lanes: int) -> tuple[int, bool]:
-    """Tile of the vectorised axis: (size, divides extent). Prefer full use of the vector registers."""
+    """Tile of a vectorised axis: (size, divides extent), preferring full use of the vector registers.
+
+    A tile that does not divide the extent puts a predicate into the vectorised loop, which TVM scalarises:
+    callers do not vectorise then (``divides extent`` False).
+    """
     best, best_score = 1, (-1.0, 0)
     for d in _divisors(extent):
         if d > _MAX_VEC_REGS * lanes:
@@ -167,69 +229,94 @@ def _choose_vec_tile(extent: int, lanes: int) -> tuple[int, bool]:
             best, best_score = d, score
     if best_score[0] >= 0.5 or extent <= lanes:
         return best, True
-    # e.g. a prime width: split by a multiple of the vector width and let the tail be predicated
     return min(2 * lanes, extent), False
 
 
-def _parallel_outer(sch: s_tir.Schedule, loops: list, work: int) -> None:
+def _choose_row_tile(extent: int, max_rows: int, regs_per_row: int) -> tuple[int, bool]:
+    """Rows of the register tile: (rows, divides extent).
+
+    Throughput model: an FMA has ~4 cycles latency and two issue ports, so about 8 independent accumulator
+    registers keep the FMA units busy; rows that do not divide the extent waste the padded part and pay for a
+    predicate (on an unrolled, not vectorised, loop: cheap).
+    """
+    max_rows = max(1, min(max_rows, extent))
+    best, best_score = 1, -1.0
+    for t in range(1, max_rows + 1):
+        tiles = math.ceil(extent / t)
+        exact = tiles * t == extent
+        score = min(1.0, t * regs_per_row / 8) * extent / (tiles * t) * (1.0 if exact else 0.95)
+        if score > best_score + 1e-9 or (abs(score - best_score) <= 1e-9 and exact):
+            best, best_score = t, score
+    return best, extent % best == 0
+
+
+def _parallel_outer(sch: s_tir.Schedule, loops: list, work: int, cfg: _Cfg, min_work: int) -> None:
     """Fuse a prefix of ``loops`` (perfectly nested, outermost first) to enough iterations, make it parallel."""
-    if work < _MIN_PARALLEL_WORK or not loops:
+    if cfg.threads <= 1 or work < min_work or not loops:
         return
-    want = 4 * _num_threads()
-    prefix, total = [], 1
+    want = 4 * cfg.threads
+    prefix, total, dynamic = [], 1, False
     for loop in loops:
         ext = _extent(sch, loop)
-        if ext is None:
-            break
         prefix.append(loop)
-        total *= ext
+        if ext is None:
+            dynamic = True  # e.g. a symbolic batch: fuse it, count it as 1
+        else:
+            total *= ext
         if total >= want:
             break
-    prefix = prefix if total > 1 else []
-    # drop leading unit loops (they add nothing) but keep at least one loop
-    while len(prefix) > 1 and _extent(sch, prefix[0]) == 1:
+    while len(prefix) > 1 and _extent(sch, prefix[0]) == 1:  # leading unit loops add nothing
         prefix = prefix[1:]
-    if not prefix or total < 2:
+    if not prefix or (total < 2 and not dynamic):
         return
     fused = sch.fuse(*prefix) if len(prefix) > 1 else prefix[0]
     sch.parallel(fused)
 
 
-def _schedule_spatial(sch: s_tir.Schedule, block, lanes: int) -> None:
-    """Parallel + vectorised schedule for an injective block at the root (pad, add, concat, relu, ...)."""
+def _schedule_spatial(sch: s_tir.Schedule, block, cfg: _Cfg) -> None:
+    """An injective block at the root (pad, add, concat, relu, weight repack, ...): memory bound.
+
+    Vectorise the innermost loop with an exact tile (a predicated tile would be scalarised; without one, LLVM's
+    loop vectoriser handles the loop, remainder included), threads only for big outputs.
+    """
     loops = sch.get_loops(block)
     if not loops:
         return
     extents = [_extent(sch, lp) for lp in loops]
-    if any(e is None for e in extents):
-        return
-    total = math.prod(extents)
-    inner = loops[-1]
-    outer = list(loops[:-1])
-    vec = None
-    if extents[-1] >= lanes:
-        if extents[-1] % lanes == 0 or extents[-1] > 4 * lanes:
-            factor = lanes * 2 if extents[-1] % (2 * lanes) == 0 else lanes
-            lo, vec = sch.split(inner, factors=[None, factor])
-            outer.append(lo)
+    total = math.prod(e or 1 for e in extents)
+    outer, vec = list(loops[:-1]), None
+    if extents[-1] is not None:
+        tile, exact = _choose_vec_tile(extents[-1], cfg.lanes)
+        # whole vectors only: odd vector lengths (e.g. 7 of 8 lanes) measured slower than LLVM's own
+        # vectorisation with a scalar remainder
+        if exact and tile % cfg.lanes == 0:
+            if tile < extents[-1]:
+                lo, vec = sch.split(loops[-1], factors=[None, tile])
+                outer.append(lo)
+            else:
+                vec = loops[-1]
         else:
-            vec = inner
-    elif extents[-1] > 1 and extents[-1] * 2 >= lanes:
-        vec = inner
+            outer.append(loops[-1])
     else:
-        outer.append(inner)
-    _parallel_outer(sch, outer, total)
+        outer.append(loops[-1])
+    _parallel_outer(sch, outer, total, cfg, _MIN_PARALLEL_ELEMS)
     if vec is not None:
         sch.vectorize(vec)
 
 
 def _block_infos(sch: s_tir.Schedule):
-    root = sch.get_sblock("root")
-    blocks = sch.get_child_blocks(root)
+    """(block, stmt, iterator kinds) of the blocks under the root; _Skip for anything opaque.
+
+    A block without iterators under loops (or with nested blocks) hides its dependences from TVM's checks,
+    which would then let a loop over it be parallelised or vectorised: such functions are not touched.
+    """
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
     infos = []
     for b in blocks:
         stmt = sch.get(b)
         kinds = "".join(_iter_kind(iv) for iv in stmt.iter_vars)
+        if "O" in kinds or (sch.get_loops(b) and not kinds) or sch.get_child_blocks(b):
+            raise _Skip(f"opaque block {stmt.name_hint}")
         infos.append((b, stmt, kinds))
     return infos
 
@@ -243,32 +330,27 @@ def _is_output_block(sch, block, func_outputs) -> bool:
     return any(_buf(w).same_as(o) for w in sch.get(block).writes for o in func_outputs)
 
 
-def _buf(region):
-    """The buffer of a read/write region (``.source`` in TVM 0.27, ``.buffer`` before)."""
-    return region.source if hasattr(region, "source") else region.buffer
+def _bindings(sch, block):
+    return list(tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block).iter_values)
 
 
-# ----------------------------------------------------------------------------------------------- plans
-class _Skip(Exception):
-    """This plan does not apply to the function."""
-
-
+# ----------------------------------------------------------------------------------------------- analysis
 def _prepare(sch: s_tir.Schedule):
-    """Common analysis: returns (reduction block, prologue blocks, epilogue block or None) after inlining."""
-    func = sch.mod["main"]
-    outputs = _output_buffers(func)
+    """Single-reduction functions: (reduction block, prologue blocks, epilogue block or None).
+
+    The epilogue chain (bias add, batch-norm scale/shift, relu, ...) is inlined into its last block.
+    """
+    outputs = _output_buffers(sch.mod["main"])
     infos = _block_infos(sch)
-    if any("O" in kinds for _, _, kinds in infos):
-        raise _Skip("opaque iterators")
     reds = [b for b, _, kinds in infos if "R" in kinds]
     if len(reds) != 1:
         raise _Skip(f"{len(reds)} reduction blocks")
     red = reds[0]
-    names = [s.name_hint for _, s, _ in infos]
-    idx = names.index(sch.get(red).name_hint)
+    if len(sch.get(red).writes) != 1:
+        raise _Skip("the reduction writes several buffers")
+    idx = [s.name_hint for _, s, _ in infos].index(sch.get(red).name_hint)
     prologue = [b for b, _, _ in infos[:idx]]
     after = [b for b, _, _ in infos[idx + 1:]]
-    # inline the epilogue chain into its last block (bias add into relu, ...)
     for b in after[:-1]:
         if _is_output_block(sch, b, outputs):
             raise _Skip("several outputs")
@@ -277,9 +359,9 @@ def _prepare(sch: s_tir.Schedule):
     if epilogue is not None:
         consumers = sch.get_consumers(red)
         if len(consumers) != 1 or not sch.get(consumers[0]).same_as(sch.get(epilogue)):
-            raise _Skip("epilogue is not a single chain")
-    if epilogue is None and not _is_output_block(sch, red, outputs):
-        raise _Skip("reduction is not the output")
+            raise _Skip("the epilogue is not a single chain")
+    elif not _is_output_block(sch, red, outputs):
+        raise _Skip("the reduction is not the output")
     return red, prologue, epilogue
 
 
@@ -289,30 +371,22 @@ def _spatial_and_reduction_loops(sch, block):
     loops = sch.get_loops(block)
     if len(loops) != len(stmt.iter_vars):
         raise _Skip("loops do not map 1:1 to block iterators")
-    realize_bindings = _bindings(sch, block)
     sp, rd = [], []
-    for lp, iv, bind in zip(loops, stmt.iter_vars, realize_bindings):
-        loop_var = sch.get(lp).loop_var
-        if not (isinstance(bind, tirx.Var) and bind.same_as(loop_var)):
+    for lp, iv, bind in zip(loops, stmt.iter_vars, _bindings(sch, block)):
+        if not (isinstance(bind, tirx.Var) and bind.same_as(sch.get(lp).loop_var)):
             raise _Skip("non-trivial block binding")
-        ext = _int(iv.dom.extent)
-        if ext is None or _int(iv.dom.min) != 0:
-            raise _Skip("dynamic or offset iterator")
+        if _int(iv.dom.min) != 0:
+            raise _Skip("offset iterator")
+        if _int(iv.dom.extent) is None and _iter_kind(iv) != "S":
+            raise _Skip("dynamic reduction extent")  # a dynamic spatial extent (the batch) is fine
         (sp if _iter_kind(iv) == "S" else rd).append((lp, iv))
     return sp, rd
 
 
-def _bindings(sch, block):
-    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
-    return list(realize.iter_values)
-
-
 def _vector_axis(stmt, spatial):
     """The spatial iterator that indexes the innermost non-unit dimension of the output (or None)."""
-    write = stmt.writes[0]
-    for r in reversed(write.region):
-        ext = _int(r.extent)
-        if ext != 1:
+    for r in reversed(stmt.writes[0].region):
+        if _int(r.extent) != 1:
             return None
         for _, iv in spatial:
             if isinstance(r.min, tirx.Var) and r.min.same_as(iv.var):
@@ -321,31 +395,36 @@ def _vector_axis(stmt, spatial):
                 return iv
         else:
             if _int(r.min) is not None:
-                continue  # constant index (unit dim)
+                continue  # constant index (unit dimension)
             return None
     return None
 
 
+def _reuse_axes(spatial, reads):
+    """Spatial iterators (static extent > 1) that some of ``reads`` does not depend on."""
+    out = []
+    for pos, (_, iv) in enumerate(spatial):
+        ext = _int(iv.dom.extent)
+        if ext is not None and ext > 1 and any(not _region_uses(rd, iv.var) for rd in reads):
+            out.append((pos, iv))
+    return out
+
+
+@dataclass
 class _VecChoice:
     """How to vectorise along one spatial axis of a reduction block."""
 
-    def __init__(self, iv, score, tile, exact, deps, repack, transpose_acc):
-        self.iv = iv  # the block iterator
-        self.score = score
-        self.tile = tile  # vector tile (elements)
-        self.exact = exact  # tile divides the extent
-        self.deps = deps  # indices of the reads that depend on the axis
-        self.repack = repack  # indices of the reads to repack with the axis innermost
-        self.transpose_acc = transpose_acc  # the accumulator tile needs the axis moved innermost
+    iv: object  # the block iterator
+    score: float
+    tile: int  # vector tile (elements)
+    deps: list  # indices of the reads that depend on the axis
+    repack: list  # indices of the reads (weights) to repack with the axis innermost
+    transpose_acc: bool  # the accumulator tile needs the axis moved innermost
 
 
-def _dims_using(region, var) -> list[int]:
-    return [d for d, r in enumerate(region.region) if _uses(r.min, var)]
-
-
-def _analyse_vec_axis(stmt, iv, v_out, lanes, work) -> _VecChoice | None:
+def _analyse_vec_axis(stmt, iv, v_out, lanes: int, work: int, params) -> _VecChoice | None:
     ext = _int(iv.dom.extent)
-    deps, repack, strided = [], [], False
+    deps, repack = [], []
     for idx, rd in enumerate(stmt.reads):
         c = _coeff(_flat_offset(rd), iv.var)
         if c is None:
@@ -359,47 +438,28 @@ def _analyse_vec_axis(stmt, iv, v_out, lanes, work) -> _VecChoice | None:
         buf = _buf(rd)
         size = math.prod(_int(d) or 0 for d in buf.shape)
         if (len(dims) == 1 and isinstance(rd.region[dims[0]].min, tirx.Var)
-                and rd.region[dims[0]].min.same_as(iv.var) and 0 < size * 8 <= work):
+                and rd.region[dims[0]].min.same_as(iv.var) and any(buf.same_as(p) for p in params)
+                and 0 < size * _MIN_REPACK_REUSE <= work):
             repack.append(idx)  # e.g. conv weights [F, C, KH, KW] -> [F/16, C, KH, KW, 16]
-        elif abs(c) <= 4 and iv.same_as(v_out):
-            strided = True  # e.g. the input of a strided conv / pooling: gathers
         else:
-            return None
+            return None  # strided (a strided conv's input, pooling): gathers, slower than other choices
     if not deps:
         return None
     if iv.same_as(v_out):
         tile, exact = _choose_vec_tile(ext, lanes)
-    else:
-        # the accumulator gets transposed, so use whole vectors only
+        if not exact:
+            return None
+    else:  # the accumulator gets transposed: whole vectors only
         tile = next((t for t in (2 * lanes, lanes) if ext % t == 0), None)
         if tile is None:
             return None
-        exact = True
-    util = tile / (math.ceil(tile / lanes) * lanes)
-    score = util * (0.5 if strided else 1.0) * (0.97 if repack else 1.0) * (1.0 if exact else 0.6)
-    if not iv.same_as(v_out):
-        score *= 0.99
-    return _VecChoice(iv, score, tile, exact, deps, repack, not iv.same_as(v_out))
-
-
-def _choose_row_tile(extent: int, max_rows: int) -> tuple[int, bool]:
-    """Rows of the register tile: a divisor of ``extent`` if a good one exists, else a predicated split."""
-    max_rows = max(1, min(max_rows, extent))
-    d = _best_divisor_at_most(extent, max_rows)
-    if 2 * d >= max_rows or d == extent:
-        return d, True
-    # no good divisor (a prime like 17): the fewest tiles, then the least waste
-    best = min(range((max_rows + 1) // 2, max_rows + 1), key=lambda t: (math.ceil(extent / t), t * math.ceil(extent / t)))
-    return best, False
-
-
-def _index_dtype(region) -> str:
-    shape = _buf(region).shape
-    if not len(shape):
-        return "int64"
-    dim = shape[0]
-    dtype = getattr(dim, "dtype", None) or getattr(getattr(dim, "ty", None), "dtype", None)
-    return str(dtype) if dtype is not None else "int64"
+    score = tile / (math.ceil(tile / lanes) * lanes)
+    if iv.same_as(v_out):
+        # measured on conv2d: vectorising output channels over repacked weights (2 aligned vector loads and
+        # u_t broadcasts per u_t x 2 FMAs) beats vectorising the output width (unaligned input loads, one
+        # broadcast per FMA row) on every layer tried: 80 vs 70 GFLOP/s at 64x56x56, 83 vs 44 at 192x35x35
+        score *= 0.9
+    return _VecChoice(iv, score, tile, deps, repack, not iv.same_as(v_out))
 
 
 def _repack_map(dim: int, tile: int):
@@ -421,48 +481,82 @@ def _innermost_map(dim: int):
     return fmap
 
 
-def _plan_spatial_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
+def _epilogue_and_prologue(sch, epilogue, prologue, cfg, *, inline_into_write_back: bool) -> None:
+    if epilogue is not None:
+        if inline_into_write_back:
+            try:
+                sch.reverse_compute_inline(epilogue)
+                epilogue = None
+            except Exception as err:  # keep it as its own stage
+                log.debug("reverse_compute_inline of the epilogue failed: %s", err)
+        if epilogue is not None:
+            _schedule_spatial(sch, epilogue, cfg)
+    for b in prologue:
+        _schedule_spatial(sch, b, cfg)
+
+
+# ----------------------------------------------------------------------------------------------- plans
+def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     red, prologue, epilogue = _prepare(sch)
     stmt = sch.get(red)
     spatial, reduction = _spatial_and_reduction_loops(sch, red)
-    red_extent = math.prod(_int(iv.dom.extent) for _, iv in reduction) if reduction else 1
-    work = math.prod(_int(iv.dom.extent) for _, iv in spatial) * red_extent
-    v_out = _vector_axis(stmt, spatial)
+    red_ext = _work(iv for _, iv in reduction)
+    if not reduction or red_ext > _LIGHT_REDUCTION:
+        raise _Skip("not a light reduction")
+    if not all(_is_point(rd) for rd in stmt.reads):
+        raise _Skip("reads are not point accesses")
+    # memory bound if the biggest operand (pooling / depthwise input) is not reused across any output axis;
+    # a conv's input is reused across output channels: compute bound, left to spatial_vector
+    biggest = max(stmt.reads, key=lambda rd: math.prod(_int(d) or 1 for d in _buf(rd).shape))
+    if _reuse_axes(spatial, [biggest]):
+        raise _Skip("the biggest operand is reused across an output axis")
+    sp_loops = [lp for lp, _ in spatial]
+    sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
+    for lp, _ in reduction:
+        sch.unroll(lp)
+    _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial), cfg, _MIN_PARALLEL_ELEMS)
+    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
-    choices = []
-    for _, iv in spatial:
-        if _int(iv.dom.extent) > 1:
-            ch = _analyse_vec_axis(stmt, iv, v_out, lanes, work)
-            if ch is not None:
-                choices.append(ch)
+
+def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
+    red, prologue, epilogue = _prepare(sch)
+    stmt = sch.get(red)
+    spatial, reduction = _spatial_and_reduction_loops(sch, red)
+    if not all(_is_point(rd) for rd in stmt.reads):
+        raise _Skip("reads are not point accesses")  # e.g. one buffer read at two places
+    work = _work(iv for _, iv in spatial + reduction)
+    v_out = _vector_axis(stmt, spatial)
+    params = sch.mod["main"].params
+    choices = [
+        ch for _, iv in spatial if (_int(iv.dom.extent) or 0) > 1
+        for ch in [_analyse_vec_axis(stmt, iv, v_out, cfg.lanes, work, params)] if ch is not None
+    ]
     if not choices:
         raise _Skip("no vectorisable axis")
     vc = max(choices, key=lambda c: c.score)
     v = vc.iv
-    dep_reads = [stmt.reads[i] for i in vc.deps]
+    # u: an axis some v-dependent read does not depend on (one vector load then feeds u_t FMAs); prefer a big
+    # enough extent, then the innermost
+    reuse = _reuse_axes([sp for sp in spatial if not sp[1].same_as(v)], [stmt.reads[i] for i in vc.deps])
+    u = max(reuse, key=lambda pi: (min(_int(pi[1].dom.extent), 64), pi[0]))[1] if reuse else None
+    regs = math.ceil(vc.tile / cfg.lanes)
+    ut = _choose_row_tile(_int(u.dom.extent), cfg.acc_regs // regs, regs)[0] if u is not None else 1
 
-    # u: a spatial axis some v-dependent read does not depend on: one vector load then feeds u_t FMAs.
-    u, u_key = None, None
-    for pos, (_, iv) in enumerate(spatial):
-        ext = _int(iv.dom.extent)
-        if iv.same_as(v) or ext <= 1:
-            continue
-        if any(not _region_uses(rd, iv.var) for rd in dep_reads):
-            key = (min(ext, 64), pos)  # big enough extent, then the innermost
-            if u_key is None or key > u_key:
-                u, u_key = iv, key
-    regs = math.ceil(vc.tile / lanes)
-    ut, _ = _choose_row_tile(_int(u.dom.extent), acc_regs // regs) if u is not None else (1, True)
-
-    # repack the reads that are strided along v (weights) so that v is their innermost dimension
+    # repack the weights that are strided along v so that v is their innermost dimension
     repack_blocks = []
     for idx in vc.repack:
         rd = sch.get(red).reads[idx]
-        ndim = len(rd.region)
         (dim,) = _dims_using(rd, v.var)
-        repack_blocks.append(sch.cache_read(red, idx, "global"))
-        imap = tirx.IndexMap.from_func(_repack_map(dim, vc.tile), ndim=ndim, index_dtype=_index_dtype(rd))
+        copy = sch.cache_read(red, idx, "global")
+        imap = tirx.IndexMap.from_func(_repack_map(dim, vc.tile), ndim=len(rd.region),
+                                       index_dtype=_index_dtype(rd))
         sch.transform_layout(red, ("read", idx), imap)
+        # iterate the copy in the order of the repacked layout: contiguous (vectorised) writes
+        loops = sch.get_loops(copy)
+        if _REPACK_IN_DEST_ORDER and len(loops) == len(rd.region):
+            o, i = sch.split(loops[dim], factors=[None, vc.tile])
+            sch.reorder(o, *[lp for d, lp in enumerate(loops) if d != dim], i)
+        repack_blocks.append(copy)
 
     outer, ui, vi = [], None, None
     for lp, iv in spatial:
@@ -475,121 +569,107 @@ def _plan_spatial_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) ->
         else:
             outer.append(lp)
     red_loops = [lp for lp, _ in reduction]
-    inner = ([ui] if ui is not None else []) + [vi]
-    sch.reorder(*outer, *red_loops, *inner)
+    sch.reorder(*outer, *red_loops, *([ui] if ui is not None else []), vi)
 
     # accumulate in a local (register) tile, written back (with the epilogue) after the reduction
     write_back = sch.cache_write(red, 0, "local")
     if vc.transpose_acc:
         wr = sch.get(red).writes[0]
         (dim,) = _dims_using(wr, v.var)
-        ndim = len(wr.region)
-        imap = tirx.IndexMap.from_func(_innermost_map(dim), ndim=ndim, index_dtype=_index_dtype(wr))
+        imap = tirx.IndexMap.from_func(_innermost_map(dim), ndim=len(wr.region), index_dtype=_index_dtype(wr))
         sch.transform_layout(red, ("write", 0), imap)
     sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
-    fused_epilogue = False
-    if epilogue is not None:
-        try:
-            sch.reverse_compute_inline(epilogue)
-            fused_epilogue = True
-        except Exception as err:  # keep it as its own stage
-            log.debug("reverse_compute_inline of the epilogue failed: %s", err)
+    _epilogue_and_prologue(sch, epilogue, prologue + repack_blocks, cfg, inline_into_write_back=True)
     # annotate before decompose_reduction: the update block alone is neither complete nor a reduction block
-    if ui is not None and _extent(sch, ui) > 1:
+    if ui is not None:
         sch.unroll(ui)
     sch.vectorize(vi)
     wb_loops = sch.get_loops(write_back)[len(outer):]
     if wb_loops and not vc.transpose_acc and _extent(sch, wb_loops[-1]) > 1:
         sch.vectorize(wb_loops[-1])
-    _parallel_outer(sch, outer, work)
+    _parallel_outer(sch, outer, work, cfg, _MIN_PARALLEL_MACS)
     if red_loops:
         init = sch.decompose_reduction(red, red_loops[0])
         init_last = sch.get_loops(init)[-1]
         if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
             sch.vectorize(init_last)
-    if epilogue is not None and not fused_epilogue:
-        _schedule_spatial(sch, epilogue, lanes)
-    for b in prologue + repack_blocks:
-        _schedule_spatial(sch, b, lanes)
 
 
-def _plan_reduction_vector(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
+def _plan_reduction_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     red, prologue, epilogue = _prepare(sch)
     stmt = sch.get(red)
     spatial, reduction = _spatial_and_reduction_loops(sch, red)
-    if not reduction:
+    lanes = cfg.lanes
+    big = [(lp, iv) for lp, iv in reduction if (_int(iv.dom.extent) or 0) > 1]
+    if not big:
         raise _Skip("no reduction")
-    k_loop, k = reduction[-1]
+    k_loop, k = big[-1]  # the innermost non-unit reduction (input channels of a 1x1 conv, K of a matmul)
     k_ext = _int(k.dom.extent)
     if k_ext % lanes != 0 or k_ext < 2 * lanes:
         raise _Skip("reduction extent is not a multiple of the vector width")
+    if not all(_is_point(rd) for rd in stmt.reads):
+        raise _Skip("reads are not point accesses")
     k_reads = [rd for rd in stmt.reads if _coeff(_flat_offset(rd), k.var) != 0]
     if not k_reads or any(_coeff(_flat_offset(rd), k.var) != 1 for rd in k_reads):
         raise _Skip("the reduction axis is not contiguous in the inputs")
-    work = math.prod(_int(iv.dom.extent) for _, iv in spatial) * math.prod(
-        _int(iv.dom.extent) for _, iv in reduction)
-    ko, ki = sch.split(k_loop, factors=[None, lanes])
-    rf = sch.rfactor(ki, factor_axis=len(_buf(stmt.writes[0]).shape))
-    # rf block: spatial iters + ki (now spatial), reduction over the other reductions and ko
-    rf_loops = sch.get_loops(rf)
+    work = _work(iv for _, iv in spatial + reduction)
     n_sp = len(spatial)
-    sp_loops = rf_loops[:n_sp]
-    # register tile: tile the innermost spatial axis by 4 so one vector of the shared input feeds 4 rows
-    last_ext = _extent(sch, sp_loops[-1])
-    jt = _best_divisor_at_most(last_ext, 4) if last_ext else 1
+    # j: the axis along which a k-read is shared (the activations of a GEMV): tile it by 4, unrolled
+    reuse = _reuse_axes(spatial, k_reads)
+    j_pos, j_ext = max(((p, _int(iv.dom.extent)) for p, iv in reuse), key=lambda pe: pe[1], default=(None, 1))
+
+    sch.reorder(*[lp for lp, _ in spatial], *[lp for lp, _ in reduction])
+    _ko, ki = sch.split(k_loop, factors=[None, lanes])
+    rf = sch.rfactor(ki, factor_axis=len(_buf(stmt.writes[0]).shape))
+    # the rf block keeps the loop order: spatial..., reductions with ko, ki (now a spatial iterator of rf);
+    # the ``ki`` LoopRV may name the final block's copy of the loop, so take rf's by position
+    rf_loops = sch.get_loops(rf)
+    sp_loops = list(rf_loops[:n_sp])
+    ki_pos = n_sp + [iv.same_as(k) for _, iv in reduction].index(True) + 1
+    ki = rf_loops[ki_pos]
+    rest = [lp for pos, lp in enumerate(rf_loops) if pos >= n_sp and pos != ki_pos]
+    ji = None
+    jt = _best_divisor_at_most(j_ext, 4) if j_pos is not None else 1
     if jt > 1:
-        jo, ji = sch.split(sp_loops[-1], factors=[None, jt])
-        outer = list(sp_loops[:-1]) + [jo]
-    else:
-        ji = None
-        outer = list(sp_loops)
-    red_loops = [lp for lp in sch.get_loops(rf)[len(outer) + (1 if ji is not None else 0):]]
-    # red_loops = other reductions..., ko, ki ; put ji just before ki
-    ki_loop = red_loops[-1]
-    rest = red_loops[:-1]
-    sch.reorder(*outer, *rest, *([ji] if ji is not None else []), ki_loop)
+        jo, ji = sch.split(sp_loops[j_pos], factors=[None, jt])
+        sp_loops[j_pos] = jo
+    sch.reorder(*sp_loops, *rest, *([ji] if ji is not None else []), ki)
+    # (the final block is a reduction over the lanes: the epilogue cannot be inlined into it)
+    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
     # annotate before decompose_reduction (the update block alone is neither complete nor a reduction)
     if ji is not None:
         sch.unroll(ji)
-    sch.vectorize(ki_loop)
-    _parallel_outer(sch, outer, work)
+    sch.vectorize(ki)
+    _parallel_outer(sch, sp_loops, work, cfg, _MIN_PARALLEL_MACS)
     if rest:
         init = sch.decompose_reduction(rf, rest[0])
         init_last = sch.get_loops(init)[-1]
         if sch.get(init_last).kind != tirx.ForKind.VECTORIZED:
             sch.vectorize(init_last)
-    # final reduction over the lanes: keep at root, parallel over its spatial loops
+    # the final sum over the lanes stays at the root: memory bound
     fin_loops = sch.get_loops(red)
-    _parallel_outer(sch, fin_loops[:n_sp], math.prod(_extent(sch, lp) for lp in fin_loops[:n_sp]) * lanes * 64)
-    if epilogue is not None:
-        try:
-            sch.reverse_compute_inline(epilogue)
-        except Exception:
-            _schedule_spatial(sch, epilogue, lanes)
-    for b in prologue:
-        _schedule_spatial(sch, b, lanes)
+    _parallel_outer(sch, fin_loops[:n_sp], _work(iv for _, iv in spatial), cfg, _MIN_PARALLEL_ELEMS)
 
 
-def _plan_simple(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
+def _plan_simple(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     red, prologue, epilogue = _prepare(sch)
     spatial, reduction = _spatial_and_reduction_loops(sch, red)
     sp_loops = [lp for lp, _ in spatial]
-    red_loops = [lp for lp, _ in reduction]
-    sch.reorder(*sp_loops, *red_loops)
-    work = math.prod(_int(iv.dom.extent) for _, iv in spatial + reduction)
+    if not sp_loops:
+        raise _Skip("a full reduction")
+    sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
     if epilogue is not None:
         try:
             sch.reverse_compute_at(epilogue, sp_loops[-1], preserve_unit_loops=True)
-        except Exception:
-            _schedule_spatial(sch, epilogue, lanes)
-    _parallel_outer(sch, sp_loops, work)
-    for b in prologue:
-        _schedule_spatial(sch, b, lanes)
+            epilogue = None
+        except Exception as err:
+            log.debug("reverse_compute_at of the epilogue failed: %s", err)
+    _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial + reduction), cfg, _MIN_PARALLEL_MACS)
+    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
 
-def _plan_injective(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
-    func = sch.mod["main"]
-    outputs = _output_buffers(func)
+def _plan_injective(sch: s_tir.Schedule, cfg: _Cfg) -> None:
+    outputs = _output_buffers(sch.mod["main"])
     infos = _block_infos(sch)
     if not infos or any(kinds.replace("S", "") for _, _, kinds in infos):
         raise _Skip("not an injective function")
@@ -599,60 +679,85 @@ def _plan_injective(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None
             try:
                 sch.compute_inline(b)
                 continue
-            except Exception:
+            except Exception:  # e.g. read at several places by a consumer that cannot take it: keep the stage
                 pass
         remaining.append(b)
     for b in remaining:
-        _schedule_spatial(sch, b, lanes)
+        _schedule_spatial(sch, b, cfg)
 
 
-def _plan_each_block(sch: s_tir.Schedule, lanes: int, acc_regs: int = 12) -> None:
-    """Several reductions (softmax, layer norm, ...): parallelise each block on its own at the root."""
+def _plan_each_block(sch: s_tir.Schedule, cfg: _Cfg) -> None:
+    """Several reductions (softmax, norms, ...): each block on its own at the root."""
     infos = _block_infos(sch)
-    if any("O" in kinds for _, _, kinds in infos):
-        raise _Skip("opaque iterators")
     for b, _, kinds in infos:
         if "R" in kinds:
             spatial, reduction = _spatial_and_reduction_loops(sch, b)
             sp_loops = [lp for lp, _ in spatial]
-            if not sp_loops:
-                continue
-            sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
-            _parallel_outer(sch, sp_loops, math.prod(_int(iv.dom.extent) for _, iv in spatial + reduction))
+            if sp_loops:
+                sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
+                _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial + reduction), cfg,
+                                _MIN_PARALLEL_ELEMS)
         else:
-            _schedule_spatial(sch, b, lanes)
+            _schedule_spatial(sch, b, cfg)
 
 
 _PLANS: list[tuple[str, Callable]] = [
+    ("light_reduction", _plan_light_reduction),
     ("spatial_vector", _plan_spatial_vector),
     ("reduction_vector", _plan_reduction_vector),
     ("simple", _plan_simple),
     ("injective", _plan_injective),
     ("each_block", _plan_each_block),
 ]
+PLAN_NAMES = tuple(name for name, _ in _PLANS)
 
 
 # ----------------------------------------------------------------------------------------------- API
-def schedule_cpu(func: tirx.PrimFunc, target=None, *, plan: str | None = None) -> tirx.PrimFunc:
-    """Return ``func`` with a default CPU schedule applied, or ``func`` itself if no plan applies.
+def schedule_cpu(
+    func: tirx.PrimFunc,
+    target=None,
+    *,
+    parallel: bool = True,
+    plan: str | None = None,
+    name: str | None = None,
+) -> tirx.PrimFunc:
+    """Return ``func`` with a default CPU schedule, or ``func`` itself (the same object) if no plan applies.
 
-    ``target`` (a ``tvm.target.Target``, dict or string) only chooses the vector width; ``plan`` forces one plan
-    by name (for tests and benchmarks).
+    Parameters
+    ----------
+    func: a PrimFunc as ``relax.get_pipeline("zero")`` leaves it (functions already marked
+        ``tirx.is_scheduled``, e.g. by MetaSchedule or dlight, are returned unchanged).
+    target: ``tvm.target.Target``, dict or string; chooses the vector width and register count (default
+        ``"llvm"``: generic x86-64, SSE2).
+    parallel: use TVM's thread pool inside the kernel (False: single-threaded kernels, for an executor that
+        runs kernels concurrently on its own threads).
+    plan: force one plan by name (``PLAN_NAMES``; for tests and benchmarks).
+    name: the function's name, for the debug log.
+
+    The result carries the attributes ``tirx.is_scheduled`` and ``tvm_interop.cpu_plan`` (the plan's name).
     """
     if not isinstance(func, tirx.PrimFunc):
         return func
     if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
-        return func  # already scheduled (dlight, MetaSchedule, a previous call)
-    lanes = vector_lanes(target)
-    # accumulator tile: 3/4 of the vector registers (16 on SSE/AVX2, 32 on AVX-512/NEON)
-    acc_regs = (_num_vector_regs(target) * 3) // 4
-    name = str(func.attrs["global_symbol"]) if func.attrs is not None and "global_symbol" in func.attrs else "?"
+        return func
+    if plan is not None and plan not in PLAN_NAMES:
+        raise ValueError(f"unknown plan {plan!r}; plans: {PLAN_NAMES}")
+    cfg = _Cfg(
+        lanes=vector_lanes(target),
+        # accumulators: 5/8 of the vector registers (10 of 16 on AVX2), the rest for operands; measured on
+        # AVX2 convs: 4-5 rows x 2 registers run at 80 GFLOP/s where 6-7 rows (12-14 registers) spill (20)
+        acc_regs=(_num_vector_regs(target) * 5) // 8,
+        threads=_num_threads() if parallel else 1,
+    )
+    if name is None:
+        has_symbol = func.attrs is not None and "global_symbol" in func.attrs
+        name = str(func.attrs["global_symbol"]) if has_symbol else "<prim_func>"
     for plan_name, plan_fn in _PLANS:
         if plan is not None and plan_name != plan:
             continue
         try:
             sch = s_tir.Schedule(func)
-            plan_fn(sch, lanes, acc_regs)
+            plan_fn(sch, cfg)
             out = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_interop.cpu_plan": plan_name})
             log.debug("cpu_schedule: %s scheduled with plan %s", name, plan_name)
             return out
@@ -663,12 +768,15 @@ def schedule_cpu(func: tirx.PrimFunc, target=None, *, plan: str | None = None) -
     return func
 
 
-def apply_cpu_schedules(mod: tvm.IRModule, target=None) -> tvm.IRModule:
-    """Apply :func:`schedule_cpu` to every PrimFunc of ``mod``; functions no plan handles are left unchanged."""
+def apply_cpu_schedules(mod: tvm.IRModule, target=None, *, parallel: bool = True) -> tvm.IRModule:
+    """Apply :func:`schedule_cpu` to every PrimFunc of ``mod`` (a new module; Relax functions untouched).
+
+    PrimFuncs that no plan handles, or that are already scheduled, are left unchanged.
+    """
     updates = {}
     for gvar, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc):
-            new = schedule_cpu(func, target)
+            new = schedule_cpu(func, target, parallel=parallel, name=gvar.name_hint)
             if new is not func:
                 updates[gvar] = new
     if not updates:
@@ -685,8 +793,11 @@ _BENCH_LAYERS = {
     "resnet_3x3_64x56": (1, 64, 56, 56, 64, (3, 3), 1, (1, 1)),
     "incv3_3x3_192x35": (1, 192, 35, 35, 192, (3, 3), 1, (1, 1)),
     "incv3_stem_3x3_s2": (1, 3, 299, 299, 32, (3, 3), 2, (0, 0)),
+    "incv3_stem_3x3_32x147": (1, 32, 147, 147, 64, (3, 3), 1, (1, 1)),
+    "incv3_stem_3x3_80x71": (1, 80, 71, 71, 192, (3, 3), 1, (0, 0)),
     "incv3_1x1_768x17": (1, 768, 17, 17, 192, (1, 1), 1, (0, 0)),
     "incv3_1x7_160x17": (1, 160, 17, 17, 160, (1, 7), 1, (0, 3)),
+    "incv3_red_3x3_s2_288x35": (1, 288, 35, 35, 384, (3, 3), 2, (0, 0)),
 }
 
 

@@ -1,0 +1,342 @@
+"""Default CPU schedule: every scheduled build equals the unscheduled build of the same Relax graph."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import relax, tirx
+
+from passes.kernels.cpu_schedule import apply_cpu_schedules, schedule_cpu, vector_lanes
+
+TARGET = tvm.target.Target("llvm")
+RNG = np.random.default_rng(0)
+
+
+def _const(shape, scale=0.2):
+    return relax.const((RNG.standard_normal(shape) * scale).astype("float32"))
+
+
+def _graph(input_shapes, body):
+    """Relax module main(*inputs) = body(bb, *inputs), lowered with the "zero" pipeline."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(input_shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return relax.get_pipeline("zero")(bb.get())
+
+
+def _conv(x_shape, cout, k, stride=1, pad=0, groups=1, bias=False, relu=False):
+    kh, kw = (k, k) if isinstance(k, int) else k
+
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, _const((cout, x_shape[1] // groups, kh, kw)), strides=stride,
+                                       padding=pad, groups=groups))
+        if bias:
+            y = bb.emit(relax.op.add(y, _const((1, cout, 1, 1))))
+        if relu:
+            y = bb.emit(relax.op.nn.relu(y))
+        return y
+
+    return _graph([x_shape], body)
+
+
+def _dense(m, k, n, bias=True, weight_as_input=False):
+    if weight_as_input:  # dense with a runtime weight: stays matmul_NT (no constant folding of the transpose)
+        def body(bb, x, w):
+            return bb.emit(relax.op.matmul(x, relax.op.permute_dims(w)))
+
+        return _graph([(m, k), (n, k)], body)
+
+    def body(bb, x):
+        y = bb.emit(relax.op.linear(x, _const((n, k)), _const((n,)) if bias else None))
+        return bb.emit(relax.op.nn.relu(y))
+
+    return _graph([(m, k)], body)
+
+
+def _pool(kind, x_shape, size, stride, pad, **kw):
+    def body(bb, x):
+        op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+        return bb.emit(op(x, pool_size=size, strides=stride, padding=pad, **kw))
+
+    return _graph([x_shape], body)
+
+
+def _global_pool(x_shape):
+    return _graph([x_shape], lambda bb, x: bb.emit(relax.op.nn.adaptive_avg_pool2d(x, (1, 1))))
+
+
+def _concat(shapes):
+    def body(bb, *xs):
+        y = bb.emit(relax.op.concat(list(xs), axis=1))
+        return bb.emit(relax.op.nn.relu(y))
+
+    return _graph(shapes, body)
+
+
+def _softmax(shape):
+    return _graph([shape], lambda bb, x: bb.emit(relax.op.nn.softmax(x, axis=-1)))
+
+
+def _add_relu(shape):
+    return _graph([shape, shape], lambda bb, a, b: bb.emit(relax.op.nn.relu(relax.op.add(a, b))))
+
+
+CASES = {
+    "conv3x3_pad1": lambda: _conv((1, 16, 20, 20), 32, 3, pad=1),
+    "conv3x3_odd_width": lambda: _conv((1, 32, 17, 17), 48, 3, pad=1),
+    "conv1x1": lambda: _conv((1, 32, 14, 14), 48, 1),
+    "conv_strided": lambda: _conv((1, 8, 23, 23), 16, 3, stride=2, pad=1),
+    "conv_stem_3ch": lambda: _conv((1, 3, 33, 33), 32, 3, stride=2),
+    "conv_1x7": lambda: _conv((1, 16, 17, 17), 24, (1, 7), pad=(0, 3)),
+    "conv_depthwise": lambda: _conv((1, 24, 15, 15), 24, 3, pad=1, groups=24),
+    "conv_grouped": lambda: _conv((1, 16, 12, 12), 32, 3, pad=1, groups=4),
+    "conv_depthwise_prime_width": lambda: _conv((1, 16, 37, 37), 16, 3, pad=1, groups=16, bias=True),
+    "conv_1x1_on_1x1": lambda: _conv((1, 64, 1, 1), 32, 1, bias=True, relu=True),
+    "conv_channels_not_multiple_of_8": lambda: _conv((1, 6, 11, 11), 10, 3, pad=1, bias=True),
+    "conv_bias_relu_batch2": lambda: _conv((2, 8, 13, 13), 16, 3, pad=1, bias=True, relu=True),
+    "dense_bias_relu": lambda: _dense(1, 256, 128),
+    "dense_batch8": lambda: _dense(8, 96, 40),
+    "matmul_nt_runtime_weight": lambda: _dense(1, 64, 48, weight_as_input=True),
+    "matmul_nt_batch16": lambda: _dense(16, 64, 48, weight_as_input=True),
+    "max_pool_3x3_s2": lambda: _pool("max", (1, 16, 17, 17), 3, 2, 0),
+    "max_pool_pad": lambda: _pool("max", (1, 8, 16, 16), 3, 1, 1),
+    "max_pool_prime_width": lambda: _pool("max", (1, 8, 75, 75), 3, 2, 0),
+    "avg_pool_3x3_s1_p1": lambda: _pool("avg", (1, 16, 12, 12), 3, 1, 1, count_include_pad=True),
+    "avg_pool_exclude_pad": lambda: _pool("avg", (1, 8, 9, 9), 3, 1, 1, count_include_pad=False),
+    "global_avg_pool": lambda: _global_pool((1, 64, 8, 8)),
+    "concat_relu": lambda: _concat([(1, 8, 9, 9), (1, 16, 9, 9), (1, 4, 9, 9)]),
+    "add_relu": lambda: _add_relu((1, 32, 28, 28)),
+    "softmax": lambda: _softmax((4, 100)),
+}
+
+# cases whose heavy kernel must actually be scheduled (not just left alone)
+MUST_SCHEDULE = {
+    "conv3x3_pad1", "conv3x3_odd_width", "conv1x1", "conv_strided", "conv_stem_3ch", "conv_1x7", "conv_depthwise",
+    "conv_grouped", "conv_bias_relu_batch2", "dense_bias_relu", "dense_batch8", "matmul_nt_runtime_weight",
+    "matmul_nt_batch16", "max_pool_3x3_s2", "max_pool_pad", "avg_pool_3x3_s1_p1", "global_avg_pool",
+    "concat_relu", "add_relu", "conv_depthwise_prime_width", "conv_1x1_on_1x1", "conv_channels_not_multiple_of_8",
+    "max_pool_prime_width",
+}
+
+
+# the plan the heavy kernel is expected to get (see passes/kernels/cpu_schedule.py)
+EXPECTED_PLAN = {
+    "conv3x3_pad1": "spatial_vector",
+    "conv3x3_odd_width": "spatial_vector",
+    "conv1x1": "spatial_vector",
+    "conv_strided": "spatial_vector",
+    "conv_depthwise": "light_reduction",
+    "conv_bias_relu_batch2": "spatial_vector",
+    "dense_batch8": "spatial_vector",
+    "max_pool_3x3_s2": "light_reduction",
+    "avg_pool_3x3_s1_p1": "light_reduction",
+    "conv_stem_3ch": "spatial_vector",
+    "concat_relu": "injective",
+    "add_relu": "injective",
+}
+
+
+def _plan_of(func):
+    return str(func.attrs["tvm_interop.cpu_plan"]) if "tvm_interop.cpu_plan" in func.attrs else None
+
+
+def _inputs(mod):
+    return [RNG.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
+            for p in mod["main"].params]
+
+
+def _run(mod, inputs, target=TARGET):
+    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+
+
+def _prim_funcs(mod):
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_scheduled_equals_unscheduled(case):
+    mod = CASES[case]()
+    smod = apply_cpu_schedules(mod, TARGET)
+    before, after = _prim_funcs(mod), _prim_funcs(smod)
+    assert before.keys() == after.keys()
+    plans = {name: _plan_of(after[name]) for name in before if not after[name].same_as(before[name])}
+    if case in MUST_SCHEDULE:
+        assert plans, f"no PrimFunc of {case} was scheduled"
+    if case in EXPECTED_PLAN:
+        assert EXPECTED_PLAN[case] in plans.values(), plans
+    inputs = _inputs(mod)
+    want = _run(mod, inputs)
+    got = _run(smod, inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_avx2_target_equals_unscheduled():
+    """The AVX2 code path (8 lanes, repacked weights) on a few kernels, built for the host CPU when it has AVX2."""
+    from tvm.target import codegen
+
+    cpu = codegen.llvm_get_system_cpu()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    if not codegen.llvm_cpu_has_features(["avx2"], target):
+        pytest.skip(f"host CPU {cpu} has no AVX2")
+    assert vector_lanes(target) >= 8
+    for case in ("conv3x3_odd_width", "conv_strided", "dense_batch8", "max_pool_3x3_s2"):
+        mod = CASES[case]()
+        inputs = _inputs(mod)
+        want = _run(mod, inputs, target)
+        got = _run(apply_cpu_schedules(mod, target), inputs, target)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
+
+
+def test_conv_schedule_is_tiled_parallel_and_vectorised():
+    mod = _conv((1, 32, 28, 28), 64, 3, pad=1, bias=True, relu=True)  # 14 M multiply-adds: worth threads
+    (name, func), = [(n, f) for n, f in _prim_funcs(mod).items() if "conv2d" in n]
+    text = schedule_cpu(func, TARGET).script()
+    assert "T.parallel" in text and "T.vectorized" in text
+    assert '"local"' in text  # register tile accumulator
+    # bias add and relu are inlined into the write-back of the accumulator tile: no stage of their own
+    assert 'T.sblock("T_add")' not in text and 'T.sblock("compute")' not in text
+
+
+def test_vector_lanes():
+    assert vector_lanes(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})) == 16
+    assert vector_lanes(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})) == 8
+    assert vector_lanes(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) == 4
+
+
+def test_unschedulable_function_is_returned_unchanged(caplog):
+    """Already scheduled functions, and opaque blocks (dependences hidden from TVM's checks), come back as is."""
+    mod = CASES["conv1x1"]()
+    func = next(iter(_prim_funcs(mod).values()))
+    marked = func.with_attr("tirx.is_scheduled", True)
+    assert schedule_cpu(marked, TARGET) is marked
+
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def opaque(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+        for i in range(16):
+            with T.sblock("opaque"):
+                T.reads(a[0:16])
+                T.writes(b[i])
+                b[i] = a[15 - i] + a[i]
+
+    with caplog.at_level(logging.DEBUG, logger="passes.kernels.cpu_schedule"):
+        out = schedule_cpu(opaque, TARGET)
+    assert out is opaque
+    assert "opaque block" in caplog.text
+    inputs = [np.arange(16, dtype="float32"), np.zeros(16, "float32")]
+    a = tvm.runtime.tensor(inputs[0])
+    b = tvm.runtime.tensor(inputs[1])
+    tvm.compile(out.with_attr("global_symbol", "opaque"), TARGET)["opaque"](a, b)
+    np.testing.assert_allclose(b.numpy(), inputs[0][::-1] + inputs[0])
+
+
+def test_apply_leaves_relax_functions_alone():
+    mod = CASES["conv1x1"]()
+    smod = apply_cpu_schedules(mod, TARGET)
+    tvm.ir.assert_structural_equal(smod["main"], mod["main"])
+    # idempotent: a second application changes nothing
+    again = apply_cpu_schedules(smod, TARGET)
+    for name, func in _prim_funcs(smod).items():
+        assert _prim_funcs(again)[name].same_as(func)
+
+
+def _dense_nt_primfunc(m, n, k):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def dense(a: T.Buffer((m, k), "float32"), b: T.Buffer((n, k), "float32"), bias: T.Buffer((n,), "float32"),
+              c: T.Buffer((m, n), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        mm = T.sblock_alloc_buffer((m, n))
+        for i, j, r in T.grid(m, n, k):
+            with T.sblock("T_matmul_NT"):
+                vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+                with T.init():
+                    mm[vi, vj] = T.float32(0)
+                mm[vi, vj] = mm[vi, vj] + a[vi, vr] * b[vj, vr]
+        for i, j in T.grid(m, n):
+            with T.sblock("T_add"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                c[vi, vj] = mm[vi, vj] + bias[vj]
+
+    return dense
+
+
+@pytest.mark.parametrize("m,plan", [(1, "reduction_vector"), (16, "spatial_vector")])
+def test_dense_nt(m, plan):
+    """matmul_NT (weights [N, K]): GEMV gets the rfactor plan, a batch the repacked-weight plan."""
+    n, k = 40, 128
+    func = _dense_nt_primfunc(m, n, k)
+    out = schedule_cpu(func, TARGET)
+    assert _plan_of(out) == plan
+    a, b, bias = (RNG.standard_normal(s).astype("float32") for s in ((m, k), (n, k), (n,)))
+    for f in (func, out):
+        c = tvm.runtime.tensor(np.zeros((m, n), "float32"))
+        tvm.compile(f.with_attr("global_symbol", "dense"), TARGET)["dense"](
+            *[tvm.runtime.tensor(x) for x in (a, b, bias)], c)
+        np.testing.assert_allclose(c.numpy(), a @ b.T + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_batch():
+    """Symbolic shapes: whatever gets scheduled must still be right (unsupported parts are left alone)."""
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 8, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _const((16, 8, 3, 3)), padding=1))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, _const((1, 16, 1, 1)))))
+            out = bb.emit_output(bb.emit(relax.op.nn.max_pool2d(y, 2, 2)))
+        bb.emit_func_output(out)
+    mod = relax.get_pipeline("zero")(bb.get())
+    smod = apply_cpu_schedules(mod, TARGET)
+    plans = {name: _plan_of(f) for name, f in _prim_funcs(smod).items()}
+    assert plans == {"fused_conv2d_add_relu": "spatial_vector", "max_pool2d": "light_reduction"}, plans
+    for batch in (1, 3):
+        inputs = [RNG.standard_normal((batch, 8, 10, 10)).astype("float32")]
+        np.testing.assert_allclose(_run(smod, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_scheduled_conv_is_much_faster():
+    """A loose guard (the machine may be busy): >= 3x over the naive default on a mid-size conv."""
+    import time
+
+    mod = _conv((1, 32, 28, 28), 64, 3, pad=1, bias=True, relu=True)
+    inputs = [tvm.runtime.tensor(a) for a in _inputs(mod)]
+
+    def best_time(m):
+        vm = relax.VirtualMachine(tvm.compile(m, TARGET), tvm.cpu())
+        vm["main"](*inputs)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            vm["main"](*inputs)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    assert best_time(mod) > 3 * best_time(apply_cpu_schedules(mod, TARGET))
+
+
+def test_parallel_false_gives_single_threaded_kernels():
+    mod = _conv((1, 32, 28, 28), 64, 3, pad=1, bias=True, relu=True)
+    (func,) = _prim_funcs(mod).values()
+    assert "T.parallel" in schedule_cpu(func, TARGET).script()
+    single = schedule_cpu(func, TARGET, parallel=False)
+    assert "T.parallel" not in single.script() and "T.vectorized" in single.script()
+    smod = apply_cpu_schedules(mod, TARGET, parallel=False)
+    inputs = _inputs(mod)
+    np.testing.assert_allclose(_run(smod, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_plan_name():
+    (func,) = _prim_funcs(CASES["conv1x1"]()).values()
+    with pytest.raises(ValueError, match="unknown plan"):
+        schedule_cpu(func, TARGET, plan="nope")
