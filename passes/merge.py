@@ -114,7 +114,14 @@ def _as_units(units, program) -> list[Unit]:
 def _block_names(program, func_name: str) -> set[str]:
     cache = program.__dict__.setdefault("_merge_block_names", {})
     if func_name not in cache:
-        cache[func_name] = set(_SBLOCK.findall(program.mod[func_name].script()))
+        from .prepare import CPU_SCHEDULED
+
+        attrs = program.mod.attrs
+        original = attrs[CPU_SCHEDULED] if attrs is not None and CPU_SCHEDULED in attrs else None
+        func = original[func_name] if original is not None and func_name in [g.name_hint for g in
+                                                                             original.get_global_vars()] \
+            else program.mod[func_name]
+        cache[func_name] = set(_SBLOCK.findall(func.script()))
     return cache[func_name]
 
 
@@ -322,6 +329,13 @@ def build_merged_kernel(program, unit_names: Sequence[str], suffix: str | None =
             fused = relax.get_pipeline("zero")(frag)
     else:
         fused = relax.get_pipeline("zero")(frag)
+    # the merged kernel gets the same default CPU schedule as the model's other kernels, so timings compare
+    from .prepare import CPU_SCHEDULED
+
+    if program.mod.attrs is not None and CPU_SCHEDULED in program.mod.attrs:
+        from .kernels.cpu_schedule import apply_cpu_schedules
+
+        fused = apply_cpu_schedules(fused, target)
     # rename the PrimFuncs (so they cannot clash with the model's kernels) and rebuild main's calls
     bb2 = relax.BlockBuilder()
     gvs = {}

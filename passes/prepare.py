@@ -74,6 +74,7 @@ def _unlegalized_ops(mod: tvm.IRModule) -> list[str]:
 
 
 CONV_ATTRS = "tvm_interop.conv_attrs"
+CPU_SCHEDULED = "tvm_interop.cpu_scheduled"  # module attribute: PrimFuncs carry the default CPU schedules
 
 
 def weight_key(array) -> str:
@@ -111,8 +112,14 @@ def collect_conv_attrs(mod: tvm.IRModule) -> dict[str, dict]:
     return table
 
 
-def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None) -> tvm.IRModule:
-    """Check ``mod`` and run legalize + fusion. Returns the fused module (main = call_tir bindings)."""
+def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
+            cpu_schedule: bool = True) -> tvm.IRModule:
+    """Check ``mod`` and run legalize + fusion. Returns the fused module (main = call_tir bindings).
+
+    For CPU targets the fused kernels also get the default CPU schedules (``passes.kernels.cpu_schedule``:
+    tiling, vectorisation, parallel loops) unless ``cpu_schedule=False``: TVM's untuned CPU kernels are naive, and
+    scheduling operators that are 40x slower than they need to be would optimise the wrong thing.
+    """
     if not isinstance(mod, tvm.IRModule):
         raise UnsupportedModelError(f"expected a tvm.IRModule, got {type(mod).__name__}")
     check_static_inputs(mod)
@@ -138,4 +145,14 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None) 
         [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     )(legal)
     log.info("prepare: legalize + fuse took %.2f s", time.perf_counter() - t0)
-    return fused.with_attr(CONV_ATTRS, json.dumps(conv_table))
+    fused = fused.with_attr(CONV_ATTRS, json.dumps(conv_table))
+    kind = (tvm.target.Target(target) if isinstance(target, str) else target).kind.name if target is not None else "llvm"
+    if cpu_schedule and kind in ("llvm", "c"):
+        from .kernels.cpu_schedule import apply_cpu_schedules
+
+        t1 = time.perf_counter()
+        # keep the unscheduled kernels: analyses that read the operator structure (merge) look at those
+        unscheduled = tvm.IRModule({gv: f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
+        fused = apply_cpu_schedules(fused, target).with_attr(CPU_SCHEDULED, unscheduled)
+        log.info("prepare: default CPU schedules applied in %.2f s", time.perf_counter() - t1)
+    return fused

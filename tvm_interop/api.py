@@ -52,12 +52,12 @@ def load_module(model, batch_size: int = 1, image_size: int | None = None, width
     raise InteropError(f"cannot load a model from {type(model).__name__}; give a zoo name, an .onnx path or an IRModule")
 
 
-def prepare_program(mod, target="llvm", name: str = "model"):
-    """prepare (legalize + fuse) then extract: the Program and its OpGraph."""
+def prepare_program(mod, target="llvm", name: str = "model", cpu_schedule: bool = True):
+    """prepare (legalize + fuse, default CPU schedules on CPU targets) then extract: the Program and its OpGraph."""
     from passes.extract import extract
     from passes.prepare import prepare
 
-    return extract(prepare(mod, target), name=name)
+    return extract(prepare(mod, target, cpu_schedule=cpu_schedule), name=name)
 
 
 def model_graph(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0, **kw):
@@ -121,7 +121,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
-            allow_device_mismatch: bool = False) -> CompiledModel:
+            allow_device_mismatch: bool = False, cpu_schedule: bool = True) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -133,6 +133,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``max_memory_ratio``: bound on activation memory vs the sequential program (default 1.5x; None = no bound);
     a schedule over it is tightened (fewer groups per stage) and the outcome is in ``.memory``.
     ``allow_device_mismatch``: apply a schedule file tuned for another kind of device anyway.
+    ``cpu_schedule``: give CPU kernels the default schedules of ``passes.kernels.cpu_schedule`` (default True;
+    TVM's untuned CPU kernels are naive). Target ``"llvm -mcpu=<your cpu>"`` enables AVX2/AVX-512 code.
     ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
     the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     """
@@ -157,7 +159,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         cuda_graph = device_kind == "cuda"
     timings["load"] = time.perf_counter() - t0
     t = time.perf_counter()
-    program = prepare_program(mod, target, name=model_name)
+    program = prepare_program(mod, target, name=model_name, cpu_schedule=cpu_schedule)
     timings["prepare"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
@@ -265,11 +267,12 @@ def reference_build(mod, target: str = "llvm"):
     import tvm
     from tvm import relax
 
-    from passes.cuda_build import ensure_nvcc, normalize_target
+    from passes.cuda_build import cuda_pipeline, ensure_nvcc, normalize_target
 
     target = normalize_target(target)
-    if target.kind.name == "cuda":
+    if target.kind.name == "cuda":  # TVM's default CUDA pipeline (DLight schedules), no CUDA graph
         ensure_nvcc()
+        return tvm.compile(relax.get_pipeline("zero")(mod), target, relax_pipeline=cuda_pipeline(target, ()))
     return tvm.compile(relax.get_pipeline("zero")(mod), target)
 
 
