@@ -24,18 +24,29 @@ A unit with ``flops == 0`` is memory bound (``d = bytes / (bandwidth * g)``); ``
 when that is 0, the sizes of its inputs and outputs.
 
 Concurrent stage: each group is a chain ``launch, kernel, launch, kernel, ...`` on its own stream, and all
-groups start together. While running, kernel ``i`` wants a fraction ``f_i`` of the compute units and
-``m_i = (bytes_i / bandwidth) / d_i`` of the bandwidth. At any moment the running kernels progress at the
-common rate ``rho = 1 / max(1, sum f_i, sum m_i)`` (fair sharing once together they need more than the device
-has; launches need no device resources). The stage's time is the end of this fluid simulation plus
-``stage_sync + (groups - 1) * stream_overhead`` when there are two or more groups. Consequences (tested):
+groups start together. Kernel ``i`` occupies a fraction ``f_i`` of the compute units for ``d_i`` seconds
+(its *compute area* ``f_i * d_i``) and moves ``bytes_i`` (its *memory area* ``bytes_i / bandwidth``). The
+device cannot do more than all of its compute units and all of its bandwidth at once, and no group runs faster
+than alone, so (default ``contention="aggregate"``)::
 
-* a stage is never faster than its slowest group alone (``rho <= 1``);
-* it is never faster than the total work at full throughput (``sum f_i * d_i`` is conserved, and so are the
-  bytes), so two kernels that each fill the device gain nothing: the stage costs the sum of their times minus
-  one launch plus the sync overheads, which are larger than a launch;
-* kernels that each fill a small part of the device overlap almost perfectly: the stage costs about the
-  longest one plus the sync overheads.
+    stage = max(slowest group alone, launch + sum of compute areas, launch + sum of memory areas)
+            + (stage_sync + (groups - 1) * stream_overhead   if groups >= 2)
+
+i.e. concurrent kernels share the device perfectly until together they need more than it has. Every term
+grows with every kernel's FLOPs and bytes, so a stage is monotone in them. Consequences (tested):
+
+* a stage is never faster than its slowest group alone;
+* nor than the total work at full throughput, so two kernels that each fill the device gain nothing: the
+  stage costs the sum of their times minus one launch plus the sync overheads, which exceed a launch;
+* kernels that each fill a small part of the device overlap: the stage costs about the longest one plus the
+  sync overheads.
+
+``contention="fluid"`` instead simulates the groups in time: while running, kernel ``i`` wants ``f_i`` of the
+compute units and ``m_i = (bytes_i / bandwidth) / d_i`` of the bandwidth, and all running kernels progress at
+the common rate ``1 / max(1, sum f_i, sum m_i)``. It also sees that two long chains of large kernels collide
+when their large kernels line up, but it is not monotone in FLOPs (a compute-heavier kernel draws less
+bandwidth per second, which can let the other groups finish sooner), so it is not the default. Both modes
+satisfy the bounds above.
 
 Merge stage (``strategy="merge"``): the operators become one larger kernel: FLOPs and output elements summed,
 the shared input read once (``bytes = sum bytes_i - (k - 1) * input bytes``), a single launch. (The merged
@@ -81,6 +92,7 @@ class DeviceSpec:
     stream_overhead: float      # seconds per extra group (stream / worker) of a concurrent stage
     bw_fill: float = 0.25       # fraction of the device's lanes that already saturates the bandwidth
     description: str = ""
+    contention: str = "aggregate"  # "aggregate" (bounds, monotone) or "fluid" (time simulation)
 
     @property
     def capacity(self) -> int:
@@ -123,6 +135,9 @@ class SimulatedDevice(CostModel):
         for attr in ("launch", "stage_sync", "stream_overhead"):
             if getattr(spec, attr) < 0:
                 raise InteropError(f"simulated device {spec.name!r}: {attr} must be >= 0")
+        if spec.contention not in ("aggregate", "fluid"):
+            raise InteropError(f"simulated device {spec.name!r}: contention must be 'aggregate' or 'fluid', "
+                               f"got {spec.contention!r}")
         self.spec = spec
         extra = ",".join(f"{k}={overrides[k]}" for k in sorted(overrides))
         self.name = f"sim:{spec.name}" + (f"[{extra}]" if extra else "")
@@ -165,18 +180,49 @@ class SimulatedDevice(CostModel):
             return self.spec.launch + self.merged_kernel(units)[0]
         if strategy != "concurrent":
             raise InteropError(f"unknown stage strategy {strategy!r}")
-        kernels = tuple(tuple(self._unit_kernel(u) for u in g) for g in groups)
-        key = tuple(sorted(kernels))
+        return self.stage_latency_tokens(tuple(tuple(self._unit_kernel(u) for u in g) for g in groups))
+
+    # ------------------------------------------------------------------ hooks for the search schedulers
+    # Optional, duck-typed (see passes.schedulers._util.StageCoster): a scheduler that finds them costs stages
+    # from pre-computed per-unit tokens and prunes with a lower bound; any other cost model works without them.
+    def unit_token(self, unit: Unit) -> _Kernel:
+        """A hashable stand-in for ``unit`` in :meth:`stage_latency_tokens`."""
+        return self._unit_kernel(unit)
+
+    def stage_latency_tokens(self, groups: tuple) -> float:
+        """``stage_latency`` of a concurrent stage given as groups of :meth:`unit_token` values."""
+        key = tuple(sorted(groups))
         hit = self._stages.get(key)
         if hit is not None:
             return hit
-        t = self._simulate(kernels)
-        if len(kernels) >= 2:
-            t += self.spec.stage_sync + (len(kernels) - 1) * self.spec.stream_overhead
+        sp = self.spec
+        if len(groups) == 1:
+            t = sum(sp.launch + k[0] for k in groups[0])
+        else:
+            if sp.contention == "fluid":
+                t = self._simulate(groups)
+            else:
+                slowest = max(sum(sp.launch + k[0] for k in g) for g in groups)
+                ca = sum(k[1] * k[0] for g in groups for k in g)
+                ma = sum(k[2] * k[0] for g in groups for k in g)
+                t = max(slowest, sp.launch + (ca if ca > ma else ma))
+            t += sp.stage_sync + (len(groups) - 1) * sp.stream_overhead
         if len(self._stages) > 500_000:
             self._stages.clear()
         self._stages[key] = t
         return t
+
+    def unit_bound_terms(self, unit: Unit) -> tuple[float, float]:
+        """(compute area, memory area) of ``unit``: seconds of the whole device's compute units / bandwidth."""
+        d, f, m = self._unit_kernel(unit)
+        return (f * d, m * d)
+
+    def concurrent_bound_params(self) -> tuple[float, float, float]:
+        """(lead, sync, per_stream): any concurrent stage of ``k >= 2`` groups costs at least
+        ``max(slowest group alone, lead + max(sum of compute areas, sum of memory areas)) + sync
+        + (k - 1) * per_stream`` (nothing runs before the first launch; the fluid model conserves areas)."""
+        sp = self.spec
+        return (sp.launch, sp.stage_sync, sp.stream_overhead)
 
     def merged_kernel(self, units: Sequence[Unit]) -> _Kernel:
         """One kernel doing the work of ``units``, which read the same input tensor (read once)."""

@@ -6,7 +6,7 @@ whose bit ``i`` stands for local unit ``i``.
 """
 from __future__ import annotations
 
-import math
+import itertools
 from typing import Iterable, Iterator, Sequence
 
 from runtime.errors import InteropError
@@ -55,19 +55,36 @@ def bits(mask: int) -> Iterator[int]:
 def merge_key(unit: Unit):
     """Units with equal non-None keys may be merged into one kernel (``strategy="merge"``).
 
-    A convolution (``kind`` starting with ``conv``, with ``attrs["data"]``) merges with convolutions of the same
-    kind reading the same tensor with the same strides, dilation, ``groups == 1`` and output size, so that the
-    merged kernel is one convolution whose output channels are the concatenation (IOS's rule). Anything else
-    is not mergeable.
+    Units extracted from a Relax module carry ``attrs["conv"]``: their key is :func:`passes.merge.merge_key`
+    (the lowering's own rule: conv2d, same input tensor, strides, dilation, fused epilogue, ``groups == 1``,
+    output size). Otherwise (synthetic graphs) a convolution (``kind`` starting with ``conv``, with
+    ``attrs["data"]``) merges with convolutions of the same kind reading the same tensor with the same
+    strides, dilation, ``groups == 1`` and output size (IOS's rule). Anything else is not mergeable. The
+    searches check a chosen set once more with :func:`merge_ok`.
     """
     a = unit.attrs
     if not unit.kind.startswith("conv") or a.get("data") is None:
         return None
+    if a.get("conv"):
+        from ..merge import merge_key as lowering_key
+
+        k = lowering_key(unit)
+        return None if k is None else ("lowering",) + tuple(k)
     if int(a.get("groups", 1) or 1) != 1:
         return None
     out = unit.outputs[0] if unit.outputs else None
     return (unit.kind, str(a["data"]), _tup(a.get("strides")), _tup(a.get("dilation")),
             tuple(out.shape[:1]) + tuple(out.shape[2:]) if out else (), out.dtype if out else "")
+
+
+def merge_ok(units: Sequence[Unit]) -> bool:
+    """Final check of a merge candidate set (same :func:`merge_key`): for extracted units the lowering's
+    :func:`passes.merge.mergeable` (kernels can be aligned, etc.); synthetic units need nothing more."""
+    if any(u.attrs.get("conv") for u in units):
+        from ..merge import mergeable
+
+        return bool(mergeable(list(units)))
+    return True
 
 
 def _tup(v):
@@ -104,6 +121,12 @@ class LocalDAG:
             for s in bits(self.succ[i]):
                 m |= self.desc[s] | (1 << s)
             self.desc[i] = m
+        self.anc = [0] * n
+        for i in range(n):
+            m = 0
+            for p in bits(self.pred[i]):
+                m |= self.anc[p] | (1 << p)
+            self.anc[i] = m
         self.full = (1 << n) - 1
 
     def names(self, mask: int) -> list[str]:
@@ -122,14 +145,43 @@ def ideals(dag: LocalDAG, limit: int | None = None) -> list[int] | None:
 
 
 class StageCoster:
-    """Memoised stage costs over one LocalDAG; counts distinct evaluations in ``stats.stages_costed``."""
+    """Memoised stage costs over one LocalDAG; counts distinct evaluations in ``stats.stages_costed``.
+
+    Also the lower bounds the searches prune with. Every cost model gets ``max over groups of the group's
+    latency sum`` (a stage is never faster than its slowest group alone, and a group alone costs the sum of
+    its units). A cost model may offer a sharper bound and a faster path through optional methods, used when
+    present: ``unit_token(unit)`` + ``stage_latency_tokens(groups_of_tokens)``, and ``unit_bound_terms(unit)``
+    -> (compute area, memory area) + ``concurrent_bound_params()`` -> (lead, sync, per_stream), meaning that
+    a concurrent stage of k >= 2 groups costs at least ``max(slowest group, lead + max(area sums)) + sync +
+    (k - 1) * per_stream`` (see ``SimulatedDevice``); :meth:`multi_bound` evaluates it.
+    """
 
     def __init__(self, cost: CostModel, dag: LocalDAG, stats: SearchStats):
         self.cost = cost
         self.dag = dag
         self.stats = stats
         self.memo: dict = {}
-        self._lat: dict[int, float] = {}
+        units = dag.units
+        self.lat = [cost.unit_latency(u) for u in units]
+        tok = getattr(cost, "stage_latency_tokens", None)
+        self._tokens = [cost.unit_token(u) for u in units] if tok is not None and hasattr(cost, "unit_token") else None
+        self._tok_fn = tok
+        params = getattr(cost, "concurrent_bound_params", None)
+        if params is not None and hasattr(cost, "unit_bound_terms"):
+            terms = [cost.unit_bound_terms(u) for u in units]
+            self.area_c = [t[0] for t in terms]
+            self.area_m = [t[1] for t in terms]
+            self.bound_params = tuple(float(x) for x in params())
+        else:
+            self.area_c = [0.0] * len(units)
+            self.area_m = [0.0] * len(units)
+            self.bound_params = (0.0, 0.0, 0.0)
+
+    def multi_bound(self, max_group: float, compute_area: float, memory_area: float, groups: int) -> float:
+        """Lower bound on a concurrent stage of ``groups >= 2`` groups (see the class docstring)."""
+        lead, sync, per = self.bound_params
+        a = lead + (compute_area if compute_area > memory_area else memory_area)
+        return (max_group if max_group > a else a) + sync + (groups - 1) * per
 
     @staticmethod
     def canonical(groups: Iterable[int]) -> tuple[int, ...]:
@@ -140,27 +192,32 @@ class StageCoster:
         """``groups`` must be canonical (see :meth:`canonical`)."""
         v = self.memo.get(groups)
         if v is None:
-            units = self.dag.units
-            v = self.cost.stage_latency([[units[i] for i in bits(g)] for g in groups], CONCURRENT)
+            if self._tokens is not None:
+                tk = self._tokens
+                v = self._tok_fn(tuple(tuple(tk[i] for i in bits(g)) for g in groups))
+            else:
+                units = self.dag.units
+                v = self.cost.stage_latency([[units[i] for i in bits(g)] for g in groups], CONCURRENT)
             self.stats.stages_costed += 1
             self.memo[groups] = v
         return v
 
     def merge(self, mask: int) -> float:
+        """Cost of merging the units of ``mask`` into one kernel; INF when :func:`merge_ok` refuses them."""
         key = ("merge", mask)
         v = self.memo.get(key)
         if v is None:
-            units = self.dag.units
-            v = self.cost.stage_latency([[units[i]] for i in bits(mask)], MERGE)
-            self.stats.stages_costed += 1
+            units = [self.dag.units[i] for i in bits(mask)]
+            if merge_ok(units):
+                v = self.cost.stage_latency([[u] for u in units], MERGE)
+                self.stats.stages_costed += 1
+            else:
+                v = INF
             self.memo[key] = v
         return v
 
     def unit_latency(self, i: int) -> float:
-        v = self._lat.get(i)
-        if v is None:
-            v = self._lat[i] = self.cost.unit_latency(self.dag.units[i])
-        return v
+        return self.lat[i]
 
     def to_stage(self, kind: str, groups: Sequence[int]) -> Stage:
         if kind == MERGE:
@@ -171,7 +228,7 @@ class StageCoster:
 # ---------------------------------------------------------------------------------------------- IOS's DP
 def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | None, s: int | None,
               merge: bool = True, states: list[int] | None = None, group_enum_limit: int | None = 6,
-              max_merge: int | None = None) -> tuple[float, list[tuple[str, tuple[int, ...]]]]:
+              max_merge: int | None = None, bound: bool = True) -> tuple[float, list[tuple[str, tuple[int, ...]]]]:
     """IOS's dynamic program over the endings of ``dag``: returns (latency, stages in execution order).
 
     ``cost(S) = min over endings E of S of cost(S - E) + stage(E)``, memoised on the remaining set ``S``. The
@@ -181,8 +238,9 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
     Endings. ``E`` is an ending of ``S`` when no edge leaves ``E`` for ``S - E`` (E is closed under successors
     in S). For unit ``u`` let ``cl(u) = {u} + (descendants of u in S)``; ``E`` is the union of ``cl(a)`` over
     its minimal elements ``a`` (an antichain), so the endings are enumerated as antichains, once each, by a
-    depth-first search over the units whose ``cl`` has at most ``r`` units. Two closed sets that touch by an
-    edge intersect, so the connected components of ``E`` are the classes of intersecting ``cl(a)``; they are
+    depth-first search over the units whose ``cl`` has at most ``r`` units, in bit operations (choosing ``a``
+    removes its ancestors and descendants from the choices left). Two closed sets that touch by an edge
+    intersect, so the connected components of ``E`` are the classes of intersecting ``cl(a)``; they are
     maintained while the search goes, and a branch is cut as soon as a component has more than ``r`` units or
     the components cannot be packed into ``s`` groups of at most ``r`` units (lower bound
     ``max(ceil(|E| / r), #components larger than r / 2)``, which never decreases along a branch). Nothing else
@@ -195,6 +253,13 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
     ``E`` has at most ``group_enum_limit`` components (``None``: always), otherwise over a family of packings
     (one group per component when that fits, and longest-first packings into k = 1..s groups).
 
+    Bounds (``bound=True``). A stage is never faster than its slowest group alone, and a group alone costs the
+    sum of its units' latencies (true of the simulated and unit cost models; physically true of a device up
+    to measurement noise); cost models may sharpen this (:class:`StageCoster`). At each state the endings are
+    tried in order of ``cost(S - E) + bound(E)`` and the state is settled when the bound reaches the best
+    value found; the partition search prunes the same way. This changes no result (when the bound is valid)
+    and saves most stage-cost evaluations.
+
     Merge. ``E`` made of >= 2 sinks of ``S`` with the same :func:`merge_key` (at most ``max_merge``) can
     instead run as one merged kernel.
     """
@@ -204,28 +269,31 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
     if states is None:
         states = ideals(dag)
     states = sorted(states, key=int.bit_count)
-    desc = dag.desc
+    desc, anc = dag.desc, dag.anc
     rcap, scap = r, s
+    lat, ac, am = coster.lat, coster.area_c, coster.area_m
+    LEAD, SYNC, PER = coster.bound_params
+    multi_ok = scap is None or scap >= 2
+    latc: dict[int, float] = {}  # latency sum of a component (mask)
     mkeys = [merge_key(u) for u in dag.units] if merge else [None] * n
-    any_merge = merge and len({k for k in mkeys if k is not None}) < sum(k is not None for k in mkeys)
+    mergeable = [k for k in mkeys if k is not None]
+    any_merge = merge and len(set(mergeable)) < len(mergeable)
     dp: dict[int, float] = {0: 0.0}
     choice: dict[int, tuple] = {}
+    # ending -> (cost, groups) of its best partition; groups == () means: only known to cost at least this
     best: dict[int, tuple[float, tuple[int, ...]]] = {}
-
-    def best_of(E: int, comps: list[int]) -> float:
-        hit = best.get(E)
-        if hit is None:
-            hit = _best_partition(comps, coster, rcap, scap, group_enum_limit)
-            best[E] = hit
-        return hit[0]
-
     transitions = 0
+    # per-state scratch, indexed by unit: closure in S and its latency / area sums
+    clA = [0] * n
+    slA = [0.0] * n
+    scA = [0.0] * n
+    smA = [0.0] * n
+    rlim = n + 1 if rcap is None else rcap
     for S in states:
         if S == 0:
             continue
         # candidates: units whose closure in S is small enough to belong to a group
-        c_low: list[int] = []
-        c_cl: list[int] = []
+        C = 0
         sinks: list[int] = []
         m = S
         while m:
@@ -235,54 +303,114 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
             d = desc[u] & S
             if d == 0:
                 sinks.append(u)
-            cl = d | low
-            if rcap is None or cl.bit_count() <= rcap:
-                c_low.append(low)
-                c_cl.append(cl)
-        nc = len(c_low)
+                C |= low
+                clA[u] = low
+                slA[u] = lat[u]
+                scA[u] = ac[u]
+                smA[u] = am[u]
+            elif d.bit_count() < rlim:
+                C |= low
+                clA[u] = d | low
+                x, y, z = lat[u], ac[u], am[u]
+                while d:
+                    lb_ = d & -d
+                    d ^= lb_
+                    i = lb_.bit_length() - 1
+                    x += lat[i]
+                    y += ac[i]
+                    z += am[i]
+                slA[u] = x
+                scA[u] = y
+                smA[u] = z
         bestv = INF
         bestc = None
-
-        # depth-first enumeration of antichains of candidates (iterative, explicit stack)
-        # frame: (next index, E, chosen, comps)
-        stack = [(0, 0, 0, ())]
+        pending: list = []
+        # depth-first enumeration of the antichains of candidates
+        # frame: (choices left, E, components, slowest component, latency sum, compute area, memory area)
+        stack = [(C, 0, (), 0.0, 0.0, 0.0, 0.0)]
         while stack:
-            j0, E, chosen, comps = stack.pop()
-            for j in range(j0, nc):
-                low = c_low[j]
-                if E & low:
-                    continue
-                cl = c_cl[j]
-                if cl & chosen:
-                    continue
-                new = cl
-                rest = []
-                for c in comps:
-                    if c & cl:
-                        new |= c
+            allowed, E, comps, maxc, slat, sac, sam = stack.pop()
+            while allowed:
+                low = allowed & -allowed
+                allowed ^= low
+                u = low.bit_length() - 1
+                cl = clA[u]
+                merged = False
+                if comps:
+                    new = cl
+                    rest = []
+                    for c in comps:
+                        if c & cl:
+                            new |= c
+                            merged = True
+                        else:
+                            rest.append(c)
+                    if merged:
+                        if new.bit_count() > rlim:
+                            continue
+                        rest.append(new)
+                        comps2 = tuple(rest)
                     else:
-                        rest.append(c)
-                if rcap is not None and new.bit_count() > rcap:
-                    continue
+                        comps2 = comps + (cl,)
+                else:
+                    new = cl
+                    comps2 = (cl,)
                 E2 = E | cl
-                rest.append(new)
-                if scap is not None and rcap is not None and len(rest) > scap:
+                size = E2.bit_count()
+                nco = len(comps2)
+                if scap is not None and nco > scap and rcap is not None:
                     # can the components still be packed into s groups of at most r units?
-                    lb = max(-(-E2.bit_count() // rcap), sum(1 for c in rest if 2 * c.bit_count() > rcap))
-                    if lb > scap:
+                    if -(-size // rcap) > scap or sum(1 for c in comps2 if 2 * c.bit_count() > rcap) > scap:
                         continue
-                comps2 = tuple(rest)
+                if merged:
+                    slat2, sac2, sam2 = slat, sac, sam
+                    add = cl & ~E
+                    while add:
+                        lb_ = add & -add
+                        add ^= lb_
+                        i = lb_.bit_length() - 1
+                        slat2 += lat[i]
+                        sac2 += ac[i]
+                        sam2 += am[i]
+                    lc = latc.get(new)
+                    if lc is None:
+                        lc = latc[new] = sum(lat[i] for i in bits(new))
+                else:
+                    lc = slA[u]
+                    slat2 = slat + lc
+                    sac2 = sac + scA[u]
+                    sam2 = sam + smA[u]
+                maxc2 = maxc if maxc > lc else lc
                 transitions += 1
+                rem = dp[S ^ E2]
                 hit = best.get(E2)
-                sv = hit[0] if hit is not None else best_of(E2, list(comps2))
-                if sv == INF:
-                    continue  # no legal partition into groups, nor for any larger ending on this branch
-                v = sv + dp[S ^ E2]
-                if v < bestv:
-                    bestv = v
-                    bestc = (CONCURRENT, E2)
-                if j + 1 < nc:
-                    stack.append((j + 1, E2, chosen | low, comps2))
+                if hit is not None and hit[1]:
+                    v = hit[0] + rem
+                    if v < bestv:
+                        bestv = v
+                        bestc = (CONCURRENT, E2)
+                elif bound:
+                    lbv = slat2 if size <= rlim else INF  # as one group
+                    if nco >= 2 and multi_ok:
+                        a = LEAD + (sac2 if sac2 > sam2 else sam2)
+                        k = 2 if rcap is None else max(2, -(-size // rcap))
+                        lb2 = (maxc2 if maxc2 > a else a) + SYNC + (k - 1) * PER
+                        if lb2 < lbv:
+                            lbv = lb2
+                    if hit is not None and hit[0] > lbv:  # an earlier search showed it costs at least this
+                        lbv = hit[0]
+                    lbv += rem
+                    if lbv < bestv:
+                        pending.append((lbv, E2, comps2))
+                else:
+                    hit = best[E2] = _best_partition(comps2, coster, rcap, scap, group_enum_limit, INF, False)
+                    v = hit[0] + rem
+                    if v < bestv:
+                        bestv = v
+                        bestc = (CONCURRENT, E2)
+                nxt = allowed & ~desc[u] & ~anc[u]
+                if nxt:
+                    stack.append((nxt, E2, comps2, maxc2, slat2, sac2, sam2))
 
         if any_merge and len(sinks) >= 2:
             byk: dict = {}
@@ -295,7 +423,7 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
                     continue
                 top = len(us) if max_merge is None else min(len(us), max_merge)
                 for size in range(2, top + 1):
-                    for combo in _combinations(us, size):
+                    for combo in itertools.combinations(us, size):
                         E = 0
                         for u in combo:
                             E |= 1 << u
@@ -304,6 +432,24 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
                         if v < bestv:
                             bestv = v
                             bestc = (MERGE, E)
+        if pending:
+            pending.sort()
+            for lbv, E2, comps2 in pending:
+                if lbv >= bestv:
+                    break
+                rem = dp[S ^ E2]
+                hit = best.get(E2)
+                if hit is None or not hit[1]:
+                    # only a partition cheaper than (bestv - rem) matters here; an incomplete search (empty
+                    # groups) is kept as a lower bound
+                    hit = best[E2] = _best_partition(comps2, coster, rcap, scap, group_enum_limit, bestv - rem,
+                                                     True)
+                    if not hit[1]:
+                        continue
+                v = hit[0] + rem
+                if v < bestv:
+                    bestv = v
+                    bestc = (CONCURRENT, E2)
         dp[S] = bestv
         choice[S] = bestc
     stats.states += len(states) - 1
@@ -323,76 +469,122 @@ def ending_dp(dag: LocalDAG, coster: StageCoster, stats: SearchStats, r: int | N
     return dp[dag.full], out
 
 
-def _combinations(items: list[int], k: int):
-    import itertools
+def _best_partition(comps: Sequence[int], coster: StageCoster, r: int | None, s: int | None,
+                    limit: int | None, cutoff: float, bound: bool = True) -> tuple[float, tuple[int, ...]]:
+    """Cheapest partition of an ending's components into groups (see :func:`ending_dp`).
 
-    return itertools.combinations(items, k)
-
-
-def _best_partition(comps: list[int], coster: StageCoster, r: int | None, s: int | None,
-                    limit: int | None) -> tuple[float, tuple[int, ...]]:
-    """Cheapest partition of the components of an ending into groups (see :func:`ending_dp`)."""
+    Partitions whose lower bound is ``>= min(cutoff, best so far)`` are not costed. Returns ``(value,
+    groups)``; ``groups`` is empty when nothing was found below ``cutoff`` (the value is then only a lower
+    bound, ``>= cutoff``).
+    """
+    lat, mb = coster.lat, coster.multi_bound
     comps = sorted(comps, key=lambda m: m & -m)
-    sizes = [c.bit_count() for c in comps]
+    clat = [sum(lat[i] for i in bits(m)) for m in comps]
+    sizes = [m.bit_count() for m in comps]
+    E = 0
+    for m in comps:
+        E |= m
+    slat = sum(clat)
+    sac = sum(coster.area_c[i] for i in bits(E))
+    sam = sum(coster.area_m[i] for i in bits(E))
     c = len(comps)
+    size = sum(sizes)
+    one_ok = r is None or size <= r
+    multi_ok = c >= 2 and (s is None or s >= 2)
     bestv, bestg = INF, ()
-    if limit is None or c <= limit:
-        groups: list[int] = []
-        gsz: list[int] = []
+    limit_v = cutoff
 
-        def rec(i: int) -> None:
-            nonlocal bestv, bestg
-            if i == c:
-                key = StageCoster.canonical(groups)
-                v = coster.concurrent(key)
-                if v < bestv:
-                    bestv, bestg = v, key
-                return
-            ci, sz = comps[i], sizes[i]
-            for g in range(len(groups)):
-                if r is None or gsz[g] + sz <= r:
-                    groups[g] |= ci
-                    gsz[g] += sz
-                    rec(i + 1)
-                    groups[g] ^= ci
-                    gsz[g] -= sz
-            if s is None or len(groups) < s:
-                groups.append(ci)
-                gsz.append(sz)
-                rec(i + 1)
-                groups.pop()
-                gsz.pop()
-
-        rec(0)
-        return bestv, bestg
-    # heuristic family for endings with many components
-    cands: set[tuple[int, ...]] = set()
-    if s is None or c <= s:
-        cands.add(StageCoster.canonical(comps))
-    lat = [sum(coster.unit_latency(i) for i in bits(m)) for m in comps]
-    order = sorted(range(c), key=lambda i: (-lat[i], comps[i] & -comps[i]))
-    kmax = c if s is None else min(s, c)
-    for k in range(1, kmax + 1):
-        gm = [0] * k
-        gl = [0.0] * k
-        gs = [0] * k
-        ok = True
-        for i in order:
-            room = [g for g in range(k) if r is None or gs[g] + sizes[i] <= r]
-            if not room:
-                ok = False
-                break
-            g = min(room, key=lambda g: (gl[g], g))
-            gm[g] |= comps[i]
-            gl[g] += lat[i]
-            gs[g] += sizes[i]
-        if ok:
-            cands.add(StageCoster.canonical(m for m in gm if m))
-    for key in cands:
+    def consider(groups: Iterable[int]) -> None:
+        nonlocal bestv, bestg, limit_v
+        key = StageCoster.canonical(groups)
         v = coster.concurrent(key)
         if v < bestv:
             bestv, bestg = v, key
-    return bestv, bestg
+            if v < limit_v:
+                limit_v = v
+
+    def lower(max_group: float, k: int) -> float:
+        if not bound:
+            return 0.0
+        return slat if k == 1 else mb(max_group, sac, sam, k)
+
+    # seeds: one group per component; the longest-first packings into k groups
+    order = sorted(range(c), key=lambda i: (-clat[i], comps[i] & -comps[i]))
+    seeds: list[tuple[float, tuple[int, ...]]] = []
+    if s is None or c <= s:
+        seeds.append((lower(max(clat), c), StageCoster.canonical(comps)))
+    kmax = c if s is None else min(s, c)
+    for k in range(1, kmax + 1):
+        gm, gl, gs = [0] * k, [0.0] * k, [0] * k
+        ok = True
+        for i in order:
+            g = -1
+            for h in range(k):
+                if (r is None or gs[h] + sizes[i] <= r) and (g < 0 or gl[h] < gl[g]):
+                    g = h
+            if g < 0:
+                ok = False
+                break
+            gm[g] |= comps[i]
+            gl[g] += clat[i]
+            gs[g] += sizes[i]
+        if ok:
+            used = [m for m in gm if m]
+            seeds.append((lower(max(gl), len(used)), StageCoster.canonical(used)))
+    seeds.sort(key=lambda t: t[0])
+    seen = set()
+    for lbv, key in seeds:
+        if key in seen:
+            continue
+        seen.add(key)
+        if lbv >= limit_v:
+            break
+        consider(key)
+    if limit is not None and c > limit:
+        return (bestv, bestg) if bestv < cutoff else (cutoff, ())
+    # exact: every partition into <= s groups of <= r units, longest components placed first, pruned by the
+    # bound (which only grows as components are placed)
+    groups: list[int] = []
+    glat: list[float] = []
+    gsz: list[int] = []
+
+    def rec(t: int, cur: float) -> None:
+        if bound:
+            k = len(groups)
+            if k >= 2:
+                lb = mb(cur, sac, sam, k)
+            else:
+                lb = min(slat if one_ok else INF, mb(cur, sac, sam, 2) if multi_ok else INF)
+            if lb >= limit_v:
+                return
+        if t == c:
+            key = StageCoster.canonical(groups)
+            if key not in seen:
+                seen.add(key)
+                consider(key)
+            return
+        i = order[t]
+        ci, sz, li = comps[i], sizes[i], clat[i]
+        for g in range(len(groups)):
+            if r is None or gsz[g] + sz <= r:
+                groups[g] |= ci
+                glat[g] += li
+                gsz[g] += sz
+                rec(t + 1, max(cur, glat[g]))
+                groups[g] ^= ci
+                glat[g] -= li
+                gsz[g] -= sz
+        if s is None or len(groups) < s:
+            groups.append(ci)
+            glat.append(li)
+            gsz.append(sz)
+            rec(t + 1, max(cur, li))
+            groups.pop()
+            glat.pop()
+            gsz.pop()
+
+    rec(0, 0.0)
+    return (bestv, bestg) if bestv < cutoff else (cutoff, ())
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -483,10 +675,6 @@ def stages_from_choices(coster: StageCoster, choices: Sequence[tuple[str, tuple[
     return [coster.to_stage(kind, groups) for kind, groups in choices]
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-__all__ = ["INF", "SchedulerOptionError", "check_limit", "check_positive", "bits", "merge_key", "LocalDAG",
-           "ideals", "StageCoster", "ending_dp", "asap_levels", "split_parts", "schedule_cost",
-           "multi_device_stage_latency", "stages_from_choices", "math"]
+__all__ = ["INF", "DEFAULT_LINK_BANDWIDTH", "DEFAULT_LINK_LATENCY", "SchedulerOptionError", "check_limit",
+           "check_positive", "bits", "merge_key", "merge_ok", "LocalDAG", "ideals", "StageCoster", "ending_dp",
+           "asap_levels", "split_parts", "schedule_cost", "multi_device_stage_latency", "stages_from_choices"]

@@ -127,10 +127,23 @@ def schedule_graph(
 
 
 def annotate_latency(schedule: Schedule, graph: OpGraph, cost: CostModel) -> None:
-    """Fill predicted stage and total latencies, and the sequential baseline, from ``cost``."""
+    """Fill predicted stage and total latencies, and the sequential baseline, from ``cost``.
+
+    A schedule whose units are spread over several devices (hios) is costed per device, with transfers
+    (``passes.schedulers._util.multi_device_stage_latency``).
+    """
+    multi = len(set(schedule.unit_devices.values())) > 1
+    if multi:
+        from ._util import DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY, multi_device_stage_latency
+
+        link_bw = float(schedule.options.get("link_bandwidth", DEFAULT_LINK_BANDWIDTH))
+        link_lat = float(schedule.options.get("link_latency", DEFAULT_LINK_LATENCY))
     total = 0.0
     for s in schedule.stages:
-        lat = cost.stage_latency([[graph.unit(n) for n in g] for g in s.groups], s.strategy)
+        if multi:
+            lat = multi_device_stage_latency(cost, graph, s, schedule.unit_devices, link_bw, link_lat)
+        else:
+            lat = cost.stage_latency([[graph.unit(n) for n in g] for g in s.groups], s.strategy)
         s.predicted_latency = lat
         total += lat
     schedule.predicted_latency = total

@@ -1,0 +1,175 @@
+"""``tvm-interop schedule``: search an inter-operator schedule for a model under a cost model (no build).
+
+Examples::
+
+    tvm-interop schedule nasnet_a_large --scheduler ios --cost sim:h100 --json
+    tvm-interop schedule inception_v3 --scheduler hios --devices 2 --batch 32 -o schedule.json
+    tvm-interop schedule synthetic:randwire --scheduler lios --cost sim:v100
+
+``MODEL`` is a zoo model, an ``.onnx`` file, or ``synthetic:<name>`` (a TVM-free stand-in from
+``passes.synthetic``: inception_v3, randwire, nasnet_a_large, squeezenet).
+"""
+from __future__ import annotations
+
+import time
+
+from .common import add_model_args, print_json, status
+
+SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("schedule", help="search a schedule for a model under a cost model (no build)",
+                       description="Search an inter-operator schedule (IOS, LIOS, HIOS, greedy, ...) for a model "
+                                   "under a cost model, without building it.",
+                       epilog="example: tvm-interop schedule nasnet_a_large --scheduler ios --cost sim:h100 --json")
+    add_model_args(p)
+    p.add_argument("--scheduler", default="ios", choices=SCHEDULERS, help="scheduler (default ios)")
+    p.add_argument("--cost", default="sim:h100",
+                   help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | measured... (default sim:h100)")
+    p.add_argument("--r", type=_limit, default=None, metavar="R",
+                   help="ios: max units per group (default 3; 'none' = unbounded)")
+    p.add_argument("--s", type=_limit, default=None, metavar="S",
+                   help="ios/hios: max groups per stage (default 8; 'none' = unbounded)")
+    p.add_argument("--max-states", type=_limit, default=None, metavar="N",
+                   help="ios: DP states per part before a block is cut (default 800; 'none' = never cut)")
+    p.add_argument("--no-merge", action="store_true", help="ios: no merge stages")
+    p.add_argument("--streams", type=int, default=None, metavar="X", help="lios / greedy: streams (default 8)")
+    p.add_argument("--devices", type=int, default=None, metavar="M", help="hios: devices (default 2)")
+    p.add_argument("--window", type=int, default=None, metavar="W", help="hios: window size (default 4)")
+    p.add_argument("--link-bandwidth", type=float, default=None, help="hios: bytes/s between devices (300e9)")
+    p.add_argument("--max-block-size", type=int, default=None, help="cut blocks larger than this (driver)")
+    p.add_argument("-o", "--output", default=None, help="write the schedule JSON here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stages", action="store_true", help="print every stage")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+class _Unbounded:
+    """Marks a limit given as 'none' on the command line (None means: not given, use the default)."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+UNBOUNDED = _Unbounded()
+
+
+def _limit(text: str):
+    if text.lower() in ("none", "inf", "unbounded"):
+        return UNBOUNDED
+    try:
+        return int(text)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+
+
+def _value(v, default):
+    if v is UNBOUNDED:
+        return None
+    return default if v is None else v
+
+
+def scheduler_options(args) -> dict:
+    """The options the chosen scheduler understands, from the command line."""
+    opts: dict = {}
+    name = args.scheduler
+    if name == "ios":
+        opts["r"] = _value(args.r, 3)
+        opts["s"] = _value(args.s, 8)
+        if args.max_states is not None:
+            opts["max_states"] = _value(args.max_states, None)
+        if args.no_merge:
+            opts["merge"] = False
+    if name == "hios":
+        if args.devices is not None:
+            opts["devices"] = args.devices
+        if args.window is not None:
+            opts["w"] = args.window
+        if args.s is not None:
+            opts["s"] = _value(args.s, 8)
+        if args.link_bandwidth is not None:
+            opts["link_bandwidth"] = args.link_bandwidth
+    if args.streams is not None:
+        if name == "lios":
+            opts["x"] = args.streams
+        elif name == "greedy":
+            opts["max_streams"] = args.streams
+    if args.max_block_size is not None:
+        opts["max_block_size"] = args.max_block_size
+    return opts
+
+
+def load_graph(args):
+    model = args.model
+    if model.startswith("synthetic:"):
+        from passes.synthetic import synthetic_model
+
+        return synthetic_model(model.split(":", 1)[1], batch=args.batch)
+    from tvm_interop.api import model_graph
+
+    return model_graph(model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+
+
+def run(args) -> int:
+    from passes.cost import get_cost_model
+    from passes.schedulers import schedule_graph
+
+    status(args, f"loading {args.model} (batch {args.batch}) ...")
+    t0 = time.perf_counter()
+    graph = load_graph(args)
+    load_s = time.perf_counter() - t0
+    cost = get_cost_model(args.cost)
+    opts = scheduler_options(args)
+    status(args, f"scheduling {len(graph)} units with {args.scheduler} under {cost.device_fingerprint} ...")
+    t1 = time.perf_counter()
+    sched = schedule_graph(graph, args.scheduler, cost, model_name=_model_name(args, graph), batch=args.batch,
+                           **opts)
+    wall = time.perf_counter() - t1
+    if args.output:
+        sched.save(args.output)
+    seq = sched.sequential_latency or 0.0
+    pred = sched.predicted_latency or 0.0
+    search = dict(sched.search)
+    summary = {
+        "model": sched.model_name,
+        "units": len(graph),
+        "batch": args.batch,
+        "scheduler": args.scheduler,
+        "cost": cost.device_fingerprint,
+        "options": {k: v for k, v in opts.items()},
+        "predicted_ms": pred * 1e3,
+        "sequential_ms": seq * 1e3,
+        "speedup": (seq / pred) if pred > 0 else None,
+        "num_stages": sched.num_stages,
+        "max_concurrency": sched.max_concurrency(),
+        "merge_stages": sum(1 for s in sched.stages if s.strategy == "merge"),
+        "devices_used": len(set(sched.unit_devices.values())) if sched.unit_devices else 1,
+        "search": {k: search.get(k) for k in ("states", "transitions", "stages_costed", "seconds")},
+        "load_seconds": load_s,
+        "schedule_seconds": wall,
+        "output": args.output,
+    }
+    if args.json:
+        print_json(summary)
+        return 0
+    print(f"{sched.model_name}: {len(graph)} units, batch {args.batch}, scheduler {args.scheduler}, "
+          f"cost {cost.device_fingerprint}")
+    print(f"predicted {pred * 1e3:.3f} ms, sequential {seq * 1e3:.3f} ms, speedup {summary['speedup']:.3f}x; "
+          f"{sched.num_stages} stages, up to {sched.max_concurrency()} concurrent groups, "
+          f"{summary['merge_stages']} merge stages")
+    st = summary["search"]
+    print(f"search: {st['states']} states, {st['transitions']} transitions, {st['stages_costed']} stage costs, "
+          f"{wall:.2f} s")
+    if args.stages:
+        print(sched.describe())
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _model_name(args, graph) -> str:
+    return graph.name or args.model
