@@ -18,8 +18,10 @@ Options:
   ``max_part_size``, but sized by the real number of states instead of a unit count. ``None`` never cuts.
 * ``group_enum_limit`` (default: all partitions when ``r`` and ``s`` are both unbounded, else 3): endings
   with at most this many connected components try every partition into groups; larger ones a family of
-  packings (one group per component; longest-first packings into 1..s groups). On nasnet_a_large (sim:h100)
-  3 instead of 6 changes the result by 0.03% and saves 40% of the search time.
+  packings (one group per component; longest-first packings into 1..s groups). On nasnet_a_large
+  (sim:h100, fluid contention) 3 instead of 6 changed the result by 0.03% and saved 40% of the search time.
+* ``bound`` (default True): branch-and-bound with a stage lower bound (a stage is never faster than its
+  slowest group alone; cost models may sharpen it); changes no result when the bound is valid.
 * ``guard`` (default True): compare the result with the sequential schedule, ``greedy`` and ``lios`` at
   1..s streams, and keep the cheapest (``SearchStats`` cannot say which won; compare with ``guard=False``).
   The DP's space contains all of these when the block was searched in one part and their groups fit in
@@ -27,6 +29,10 @@ Options:
 
 Statistics: ``states`` (memo entries), ``transitions`` (endings tried, merges included), ``stages_costed``
 (distinct stage-cost evaluations), ``seconds``.
+
+Scale (2-core build machine, sim:h100, defaults): nasnet_a_large from the zoo (748 units, one 745-unit block,
+35.6k states, 2.0M transitions) in about 8 s of CPU; inception_v3 in 0.1 s. With ``r = s = None`` the result
+equals the ``exhaustive`` optimum (tested on hundreds of random DAGs).
 """
 from __future__ import annotations
 
