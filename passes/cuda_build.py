@@ -6,14 +6,18 @@
 * **Compiler.** Kernels are compiled with ``nvcc`` (``TVM_CUDA_COMPILE_MODE=nvcc`` is set when unset; TVM's other
   mode, NVRTC, needs the ``cuda-bindings`` package). No GPU or driver is needed for that.
 * **Pipeline.** TVM's default CUDA pipeline (``relax.backend.cuda``): legalization, DLight's default GPU
-  schedules (``ApplyDefaultSchedule(Matmul, GEMV, Reduction, GeneralReduction, Fallback)``: every kernel gets
-  thread bindings), memory planning, and the VM lowering passes — with one change: ``RewriteCUDAGraph`` is applied
-  to the CUDA-graph variant ``__tvm_interop_main_graph`` only (TVM's pass would otherwise also try to lift the
-  stream-creating function and the helper functions of every other function). The rewritten function is then
-  checked: exactly one captured region must hold every scheduled kernel and stream call (only the input and
-  output copies may stay outside). Otherwise the variant keeps direct launches and the reason is reported
-  (:class:`CudaBuildReport`) and logged: a program split into several regions would leave a stream switch or an
-  event inside one graph and the kernels it orders outside it.
+  schedules (``Matmul, GEMV, Reduction, GeneralReduction, Fallback``: every kernel gets thread bindings), memory
+  planning, and the VM lowering passes — with two changes:
+
+  - DLight runs rule by rule per kernel and a rule that *crashes* on a kernel is skipped for it
+    (:func:`robust_default_schedule`; TVM 0.27's GEMV rule asserts on some NASNet kernels, which fails plain
+    ``tvm.compile`` of that model);
+  - ``RewriteCUDAGraph`` is applied to the CUDA-graph variant(s) only (TVM's pass would otherwise also lift the
+    stream-creating function and every other function). Each rewritten function is then checked: exactly one
+    captured region must hold every scheduled kernel and stream call (only the input and output copies may stay
+    outside). Otherwise that function keeps direct launches and the reason is reported (:class:`CudaBuildReport`)
+    and logged: a program split into several regions would leave a stream switch or an event inside one graph
+    and the kernels it orders outside it.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ from runtime.errors import InteropError
 log = logging.getLogger(__name__)
 
 DEFAULT_ARCH = "sm_90"
+# Limits every CUDA GPU since sm_50 has (TVM asks for them when it cannot query a device).
+CUDA_DEFAULTS = {"max_shared_memory_per_block": 49152, "max_threads_per_block": 1024, "thread_warp_size": 32}
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 
 
@@ -44,9 +50,10 @@ def normalize_target(target) -> tvm.target.Target:
     """A ``tvm.target.Target`` from ``"cuda"``, ``"cuda -arch=sm_80"``, ``{"kind": "cuda", ...}``, ``"llvm"``,
     or a Target; a CUDA target without ``arch`` gets :func:`default_arch`."""
     if isinstance(target, tvm.target.Target):
-        if target.kind.name == "cuda" and not target.attrs.get("arch"):
-            d = dict(target.export())
-            d["arch"] = default_arch()
+        if target.kind.name == "cuda" and any(k not in target.attrs or not target.attrs.get(k) for k in
+                                              ("arch", *CUDA_DEFAULTS)):
+            d = {**CUDA_DEFAULTS, **{k: v for k, v in dict(target.export()).items() if v not in (None, "")}}
+            d.setdefault("arch", default_arch())
             return tvm.target.Target(_clean(d))
         return target
     if isinstance(target, dict):
@@ -68,8 +75,10 @@ def normalize_target(target) -> tvm.target.Target:
                 d[k.replace("-", "_")] = v
     else:
         raise InteropError(f"cannot make a TVM target from {type(target).__name__}")
-    if d.get("kind") == "cuda" and not d.get("arch"):
-        d["arch"] = default_arch()
+    if d.get("kind") == "cuda":
+        d = {**CUDA_DEFAULTS, **d}
+        if not d.get("arch"):
+            d["arch"] = default_arch()
     try:
         return tvm.target.Target(d if len(d) > 1 else d["kind"])
     except Exception as e:  # noqa: BLE001 - TVM raises several types here
@@ -111,6 +120,8 @@ class CudaBuildReport:
     captured_calls: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    reasons: dict = field(default_factory=dict)          # function -> why it has no CUDA graph
+    graph_functions: list = field(default_factory=list)  # functions that run as captured graphs
 
     def to_json(self) -> dict:
         return {"cuda_graph_requested": self.cuda_graph_requested, "cuda_graph": self.cuda_graph,
@@ -140,7 +151,7 @@ def _callee_name(call: relax.Call) -> str:
     return ""
 
 
-def _graph_check(mod: tvm.IRModule, fname: str) -> tuple[bool, str | None, int]:
+def _graph_check(mod: tvm.IRModule, fname: str, strict: bool = True) -> tuple[bool, str | None, int]:
     """Is every scheduled kernel and stream call of ``fname`` inside its single captured region?"""
     func = mod[fname]
     captures = []
@@ -153,10 +164,12 @@ def _graph_check(mod: tvm.IRModule, fname: str) -> tuple[bool, str | None, int]:
         elif name.startswith("runtime.Device_"):
             stray.append(name)
         elif isinstance(c.op, relax.GlobalVar) and isinstance(mod[c.op], tvm.tirx.PrimFunc) \
-                and not name.startswith(COPY_FUNC):
+                and COPY_FUNC not in name:
             stray.append(name)
     if not captures:
         return False, "TVM found no region it can capture (no static kernel launches)", 0
+    if not strict:
+        return True, None, len(captures)
     if len(captures) > 1:
         return False, (f"the program splits into {len(captures)} captured regions (something between them is not "
                        "static), which would separate stream switches from the kernels they order"), 0
@@ -168,37 +181,52 @@ def _graph_check(mod: tvm.IRModule, fname: str) -> tuple[bool, str | None, int]:
     return True, None, n
 
 
-def rewrite_cuda_graph_for(func_names, report: CudaBuildReport) -> tvm.transform.Pass:
-    """TVM's RewriteCUDAGraph applied to ``func_names`` only, checked (see module docstring); on failure the
-    functions are left with direct launches and ``report.reason`` says why."""
+def rewrite_cuda_graph_for(func_names, report: CudaBuildReport, strict: bool = True) -> tvm.transform.Pass:
+    """TVM's RewriteCUDAGraph applied to ``func_names`` only, checked (see module docstring). The functions are
+    rewritten together (TVM merges their static storage into one cached allocation and numbers the captures),
+    so a function that fails the check is dropped and the rest rewritten again; a dropped function keeps
+    direct launches and ``report.reasons[name]`` (``report.reason``: the first one) says why. ``strict=False``
+    accepts TVM's own result as long as something is captured (plain TVM programs: one stream, so regions split
+    by an uncapturable call are harmless)."""
 
     @tvm.transform.module_pass(opt_level=0, name="InteropRewriteCUDAGraph")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         names = [n for n in func_names if any(gv.name_hint == n for gv in mod.get_global_vars())]
-        if not names:
-            return mod
-        sub = tvm.IRModule({gv: f for gv, f in mod.functions.items()
-                            if gv.name_hint in names or isinstance(f, tvm.tirx.PrimFunc)})
-        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
-            try:
-                rewritten = relax.transform.RewriteCUDAGraph()(sub)
-            except Exception as e:  # noqa: BLE001 - TVM internal failure: keep direct launches
-                report.reason = f"RewriteCUDAGraph failed: {str(e).splitlines()[-1]}"
-                log.warning("CUDA graph disabled: %s", report.reason)
-                return mod
-        for n in names:
-            ok, why, count = _graph_check(rewritten, n)
-            if not ok:
-                report.reason = why
-                log.warning("CUDA graph disabled for %s, falling back to direct launches: %s", n, why)
-                return mod
-            report.captured_calls += count
-        out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gv, f in rewritten.functions.items():
-            if gv.name_hint in names or not isinstance(f, tvm.tirx.PrimFunc):
-                out[gv] = f
-        report.cuda_graph = True
-        return out
+        while names:
+            sub = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                                if gv.name_hint in names or isinstance(f, tvm.tirx.PrimFunc)})
+            with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+                try:
+                    rewritten = relax.transform.RewriteCUDAGraph()(sub)
+                except Exception as e:  # noqa: BLE001 - TVM internal failure: keep direct launches
+                    why = f"RewriteCUDAGraph failed: {str(e).splitlines()[-1]}"
+                    for n in names:
+                        report.reasons[n] = why
+                    report.reason = report.reason or why
+                    log.warning("CUDA graph disabled: %s", why)
+                    return mod
+            failed = []
+            counts = 0
+            for n in names:
+                ok, why, count = _graph_check(rewritten, n, strict)
+                if not ok:
+                    failed.append(n)
+                    report.reasons[n] = why
+                    report.reason = report.reason or why
+                    log.warning("CUDA graph disabled for %s, falling back to direct launches: %s", n, why)
+                counts += count
+            if failed:
+                names = [n for n in names if n not in failed]
+                continue
+            out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+            for gv, f in rewritten.functions.items():
+                if gv.name_hint in names or not isinstance(f, tvm.tirx.PrimFunc):
+                    out[gv] = f
+            report.captured_calls += counts
+            report.graph_functions = list(names)
+            report.cuda_graph = True
+            return out
+        return mod
 
     return _pass
 
@@ -216,39 +244,85 @@ def graph_feasibility(mod: tvm.IRModule, target=None, func: str = MAIN_GRAPH_FUN
     return report.cuda_graph, report.reason
 
 
+def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport | None" = None):
+    """DLight's default GPU schedules (the rules of TVM's CUDA pipeline, in its order), but a rule that raises on
+    a kernel is skipped for that kernel (logged) and the next rule tried: TVM 0.27's GEMV rule asserts on some
+    fused kernels (e.g. in NASNet), which would otherwise fail the whole build."""
+    from tvm.s_tir import dlight as dl
+
+    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+    @tvm.transform.module_pass(opt_level=0, name="InteropApplyDefaultSchedule")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updated = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            attrs = func.attrs or {}
+            if "tirx.is_scheduled" in attrs and int(attrs["tirx.is_scheduled"]) == 1:
+                continue
+            tgt = attrs.get("target") or tvm.target.Target.current(allow_none=False)
+            for rule in rules:
+                try:
+                    space = rule.apply(func, tgt, False)
+                except Exception as e:  # noqa: BLE001 - a crashing rule must not fail the build
+                    note = f"DLight {type(rule).__name__} failed on {gv.name_hint} ({type(e).__name__}); next rule"
+                    log.info(note)
+                    if report is not None:
+                        report.notes.append(note)
+                    continue
+                if space is None:
+                    continue
+                sch = space[0] if isinstance(space, (list, tuple)) else space
+                updated[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                break
+            else:
+                raise InteropError(f"no GPU schedule applies to kernel {gv.name_hint}: DLight found no thread binding "
+                                   "for it, so it cannot run on a GPU")
+        for gv, func in updated.items():
+            mod[gv] = func
+        return mod
+
+    return _pass
+
+
 def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
-                  report: CudaBuildReport | None = None) -> tvm.transform.Pass:
-    """TVM's default CUDA pipeline with RewriteCUDAGraph restricted to ``graph_funcs``."""
+                  report: CudaBuildReport | None = None, strict: bool = True) -> tvm.transform.Pass:
+    """TVM's default CUDA pipeline with RewriteCUDAGraph restricted to ``graph_funcs`` and DLight made robust
+    (:func:`robust_default_schedule`). ``graph_funcs=()``: no CUDA graph at all (plain TVM's default)."""
     from tvm.relax.backend.cuda import pipeline as cp
 
     report = report if report is not None else CudaBuildReport()
-    finalize = [rewrite_cuda_graph_for(graph_funcs, report) if p.info.name == "RewriteCUDAGraph" else p
+    finalize = [rewrite_cuda_graph_for(graph_funcs, report, strict) if p.info.name == "RewriteCUDAGraph" else p
                 for p in cp.finalize_passes(target)]
+    legalize = [robust_default_schedule(target, report) if p.info.name == "ApplyDefaultSchedule" else p
+                for p in cp.legalize_passes(target)]
 
     @tvm.transform.module_pass(opt_level=0, name="InteropCUDAPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
-            seq = tvm.transform.Sequential(cp.library_dispatch_passes(target) + cp.legalize_passes(target)
+            seq = tvm.transform.Sequential(cp.library_dispatch_passes(target) + legalize
                                            + cp.dataflow_lower_passes(target) + finalize)
             return seq(mod)
 
     return _pipeline
 
 
-def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True):
-    """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``."""
+def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=None, strict: bool = True):
+    """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``.
+    ``graph_funcs``: the functions to capture as CUDA graphs (default: the lowering's graph variant)."""
     target = normalize_target(target)
     if target.kind.name != "cuda":
         raise InteropError(f"build_cuda needs a CUDA target, got {target.kind.name}")
     ensure_nvcc()
     report = CudaBuildReport(cuda_graph_requested=cuda_graph)
-    graph_funcs = (MAIN_GRAPH_FUNC,) if cuda_graph else ()
-    if cuda_graph and not any(gv.name_hint == MAIN_GRAPH_FUNC for gv in mod.get_global_vars()):
+    graph_funcs = tuple(graph_funcs if graph_funcs is not None else (MAIN_GRAPH_FUNC,)) if cuda_graph else ()
+    if cuda_graph and not any(gv.name_hint in graph_funcs for gv in mod.get_global_vars()):
         report.reason = "the module was lowered without a CUDA-graph variant"
         graph_funcs = ()
     t0 = time.perf_counter()
     try:
-        ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, graph_funcs, report))
+        ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, graph_funcs, report, strict))
     except Exception as e:  # noqa: BLE001 - nvcc / codegen errors come as several types
         msg = str(e).strip().splitlines()
         raise InteropError(f"CUDA build failed: {msg[-1] if msg else type(e).__name__}") from e

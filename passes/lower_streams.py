@@ -275,7 +275,9 @@ def _dependency_ops(program: Program, schedule: Schedule, n: int, unit_stream: d
     last = len(schedule.stages) - 1
     if cur != MAIN:
         ops.append(StreamOp("set", MAIN, stage=last))
-    for s in used:
+    # join the stream that issued last first: its clock usually covers the others already
+    last_unit = {s: i for i, (_, _, s) in enumerate(assign)}
+    for s in sorted(used, key=lambda s: -last_unit.get(s, -1)):
         if vc[MAIN].get(s, 0) < count[s]:
             sync(s, MAIN, last)
     return ops
@@ -460,9 +462,11 @@ class Lowered:
 class _Emitter:
     """Shared state of one lowering: the BlockBuilder and the helper functions added to it."""
 
-    def __init__(self, program: Program, device: str):
+    def __init__(self, program: Program, device: str, lift_constants: bool = False, prefix: str = ""):
         self.program = program
         self.device = device
+        self.lift = lift_constants
+        self.prefix = prefix
         self.dev = _str(f"{device}:0")
         self.bb = relax.BlockBuilder()
         self._cur = None
@@ -474,17 +478,24 @@ class _Emitter:
             for b in block.bindings:
                 self.old_bindings[b.var] = b.value
 
+    def const_params(self) -> list:
+        """With ``lift_constants``: one parameter per model constant (the weights come in as arguments)."""
+        if not self.lift:
+            return []
+        return [relax.Var(f"w{i}", relax.TensorType([int(d) for d in c.value.shape], str(c.value.dtype)))
+                for i, c in enumerate(self.program.const_exprs)]
+
     def packed(self, name: str, *args, ty=None):
         return relax.Call(relax.ExternFunc(name), list(args), ty_args=[ty or relax.ObjectType()])
 
     def current_stream_gv(self):
         if self._cur is None:
-            self._cur = self.bb.add_func(_current_stream_func(), CURRENT_STREAM_FUNC)
+            self._cur = self.bb.add_func(_current_stream_func(), self.prefix + CURRENT_STREAM_FUNC)
         return self._cur
 
     def keepalive_gv(self, n: int):
         if n not in self._keepalive:
-            self._keepalive[n] = self.bb.add_func(_keepalive_func(n), f"{KEEPALIVE_PREFIX}{n}")
+            self._keepalive[n] = self.bb.add_func(_keepalive_func(n), f"{self.prefix}{KEEPALIVE_PREFIX}{n}")
         return self._keepalive[n]
 
     # -------------------------------------------------------------- one scheduled function
@@ -493,6 +504,8 @@ class _Emitter:
         program = self.program
         old_main = self.old_main
         params = [relax.Var(p.name, p.ty) for p in old_main.params]
+        const_params = self.const_params()
+        const_of = {_const_key(c): v for c, v in zip(program.const_exprs, const_params)}
         stream_ty = relax.TupleType([tvm.ir.PrimType("int64")] * n_streams)
         streams_param = relax.Var("streams", stream_ty)
         var_map: dict[relax.Var, relax.Expr] = {}
@@ -515,6 +528,8 @@ class _Emitter:
                 return relax.TupleGetItem(remap(e.tuple_value), e.index)
             if isinstance(e, relax.Call):
                 return relax.Call(e.op, [remap(a) for a in e.args], e.attrs, e.ty_args)
+            if self.lift and isinstance(e, _GenericConst):
+                return const_of.get(_const_key(e), e)
             return e
 
         def tensor(key: tuple) -> relax.Expr:
@@ -530,9 +545,10 @@ class _Emitter:
                         tensor_var[key] = v
             return tensor_var[key]
 
-        with bb.function(name, params + [streams_param], attrs={"num_input": len(params)}, pure=False):
+        with bb.function(self.prefix + name, params + const_params + [streams_param],
+                         attrs={"num_input": len(params)}, pure=False):
             for old, new in zip(old_main.params, params):
-                var_map[old] = bb.emit_te(_identity, new, primfunc_name_hint=COPY_FUNC,
+                var_map[old] = bb.emit_te(_identity, new, primfunc_name_hint=self.prefix + COPY_FUNC,
                                           name_hint=f"{old.name}_static") if staged else new
             cur_type = DL_DEVICE_TYPE.get(self.device, 1)
             main_s = bb.emit(relax.Call(self.current_stream_gv(), [_i32(cur_type), _i32(0)]), name_hint="main_stream")
@@ -562,36 +578,36 @@ class _Emitter:
             result = remap(old_main.body.body)
             if staged:  # copy every output leaf out of the static buffers, on the caller's stream
                 leaves = _leaves(bb, result)
-                copies = [bb.emit_te(_identity, leaf, primfunc_name_hint=COPY_FUNC, name_hint=f"output{k}")
+                copies = [bb.emit_te(_identity, leaf, primfunc_name_hint=self.prefix + COPY_FUNC, name_hint=f"output{k}")
                           for k, leaf in enumerate(leaves)]
                 result = _rebuild(result, copies)
             if not isinstance(result, relax.Var):
                 result = bb.emit(result, name_hint="result")
             bb.emit_func_output(result)
-        return bb.get().get_global_var(name)
+        return bb.get().get_global_var(self.prefix + name)
 
     # -------------------------------------------------------------- stream set and the public main
     def emit_stream_funcs(self, n: int):
         bb = self.bb
         ty = tvm.ir.PrimType("int64")
-        with bb.function(STREAMS_FUNC, [], pure=False):
+        with bb.function(self.prefix + STREAMS_FUNC, [], pure=False):
             hs = [bb.emit(self.packed(CREATE, self.dev, ty=ty), name_hint=f"stream{k}") for k in range(n)]
             out = bb.emit(relax.Tuple(hs), name_hint="streams")
             bb.emit_func_output(out)
         streams = relax.Var("streams", relax.TupleType([ty] * n))
-        with bb.function(FREE_STREAMS_FUNC, [streams], pure=False):
+        with bb.function(self.prefix + FREE_STREAMS_FUNC, [streams], pure=False):
             for k in range(n):
                 s = bb.emit(relax.TupleGetItem(streams, k), name_hint=f"stream{k}")
                 bb.emit(self.packed(FREE, self.dev, s), name_hint="freed")
             bb.emit_func_output(relax.Tuple([]))
-        return bb.get().get_global_var(STREAMS_FUNC)
+        return bb.get().get_global_var(self.prefix + STREAMS_FUNC)
 
     def emit_main(self, target_gv, streams_gv, n: int, gpu: bool):
         bb = self.bb
         old_main = self.old_main
-        params = [relax.Var(p.name, p.ty) for p in old_main.params]
+        params = [relax.Var(p.name, p.ty) for p in old_main.params] + self.const_params()
         ty = relax.TupleType([tvm.ir.PrimType("int64")] * n)
-        with bb.function("main", params, pure=False):
+        with bb.function(self.prefix + "main", params, pure=False):
             if gpu:
                 streams = bb.emit(relax.op.call_builtin_with_ctx(
                     "vm.builtin.cuda_graph.get_cached_alloc", relax.Tuple([streams_gv, _i64(STREAM_CACHE_INDEX)]),
@@ -600,6 +616,14 @@ class _Emitter:
                 streams = relax.Tuple([_i64(0)] * n)
             out = bb.emit(relax.Call(target_gv, params + [streams]), name_hint="result")
             bb.emit_func_output(out)
+
+
+_GenericConst = tvm.ir.expr.GenericConst
+
+
+def _const_key(c):
+    """Identity of an IR constant (a new Python wrapper is made at every access, so not ``id``)."""
+    return c.__chandle__() if hasattr(c, "__chandle__") else id(c)
 
 
 def _identity(x):
@@ -634,9 +658,12 @@ def _rebuild(expr, leaves: list):
 
 def lower_program(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",
                   max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
-                  keep_alive: bool = True) -> Lowered:
+                  keep_alive: bool = True, lift_constants: bool = False, prefix: str = "") -> Lowered:
     """Lower ``schedule`` into the functions described in the module docstring. ``keep_alive=False`` leaves out
-    the lifetime extension (deliberately unsafe; only for testing the memory checker)."""
+    the lifetime extension (deliberately unsafe; only for testing the memory checker). ``lift_constants``: the
+    model's constants become parameters after the inputs (``main(*inputs, *weights)``; used by the GPU check, whose
+    libraries must not carry the weights). ``prefix`` is put before every function name the lowering adds (several
+    schedules of one model in one library)."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
     schedule.validate(program.graph)
@@ -648,7 +675,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         reason = f"CUDA graphs need a CUDA target (target device is {dev_kind})"
         log.warning("cuda_graph requested but not used: %s", reason)
         cuda_graph = False
-    em = _Emitter(program, dev_kind)
+    em = _Emitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix)
     programs = {MAIN_FUNC: plan_streams(program, schedule, mode, n, staged_io=False, keep_alive=keep_alive)}
     impl = em.emit_scheduled(MAIN_FUNC, programs[MAIN_FUNC], staged=False, n_streams=n)
     target_gv = impl
@@ -668,6 +695,30 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
     new_mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return Lowered(mod=new_mod, programs=programs, num_streams=n, mode=mode, device=dev_kind, cuda_graph=cuda_graph,
                    cuda_graph_reason=reason)
+
+
+def lift_main_constants(program: Program, name: str = "main") -> tvm.IRModule:
+    """The prepared module (plain TVM's program) with the model's constants as parameters of ``main`` after the
+    inputs, in ``program.const_exprs`` order (``num_input`` = number of inputs), nothing else changed."""
+    old = program.mod["main"]
+    keys = {_const_key(c): i for i, c in enumerate(program.const_exprs)}
+    weights = [relax.Var(f"w{i}", relax.TensorType([int(d) for d in c.value.shape], str(c.value.dtype)))
+               for i, c in enumerate(program.const_exprs)]
+
+    @relax.expr_functor.mutator
+    class _Lift(relax.PyExprMutator):
+        def visit_generic_const_(self, op):  # noqa: N802 - TVM's visitor name
+            i = keys.get(_const_key(op))
+            return weights[i] if i is not None else op
+
+    body = _Lift().visit_expr(old.body)
+    attrs = dict(old.attrs) if old.attrs else {}
+    attrs["num_input"] = len(old.params)
+    func = relax.Function(list(old.params) + weights, body, old.ret_ty, old.is_pure).with_attrs(attrs)
+    out = tvm.IRModule({gv: f for gv, f in program.mod.functions.items() if gv.name_hint != "main"},
+                       attrs=program.mod.attrs)
+    out[name] = func
+    return relax.transform.Normalize()(out)
 
 
 def lower_to_relax(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",

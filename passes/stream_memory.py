@@ -315,7 +315,7 @@ class _Replay:
                 callee = None
             if isinstance(callee, tvm.tirx.PrimFunc):
                 attrs = callee.attrs or {}
-                if op.name_hint.startswith(CURRENT_STREAM_FUNC):
+                if CURRENT_STREAM_FUNC in op.name_hint:
                     self.env[var] = _Stream(MAIN_STREAM)
                 elif "tirx.is_host_func" in attrs and bool(attrs["tirx.is_host_func"]):
                     return  # host work (keep-alive etc.): a use, not device work

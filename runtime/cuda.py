@@ -31,6 +31,7 @@ import ctypes
 import glob
 import logging
 import os
+from pathlib import Path
 
 from .errors import DeviceError
 
@@ -92,14 +93,14 @@ def ensure_cuda_runtime() -> None:
     from tvm.base import _LOADED_LIBS
     from tvm_ffi.libinfo import load_lib_ctypes
 
-    runtime_dir = os.path.dirname(os.path.realpath(_LOADED_LIBS["tvm_runtime"]._name))
+    runtime_dir = Path(os.path.realpath(_LOADED_LIBS["tvm_runtime"]._name)).parent
     err = None
     for attempt in range(2):
         try:
             _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
                 package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL")
             break
-        except (OSError, FileNotFoundError, RuntimeError) as e:
+        except (OSError, RuntimeError, TypeError) as e:
             err = e
             if attempt == 0:
                 _preload_cudart()

@@ -121,7 +121,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             num_workers: int | None = None, scheduler_options: dict | None = None, name: str | None = None,
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
-            allow_device_mismatch: bool = False, cpu_schedule: bool = True) -> CompiledModel:
+            allow_device_mismatch: bool = False, cpu_schedule: bool = True,
+            tuning_db: str | None = None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -135,6 +136,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``allow_device_mismatch``: apply a schedule file tuned for another kind of device anyway.
     ``cpu_schedule``: give CPU kernels the default schedules of ``passes.kernels.cpu_schedule`` (default True;
     TVM's untuned CPU kernels are naive). Target ``"llvm -mcpu=<your cpu>"`` enables AVX2/AVX-512 code.
+    ``tuning_db``: a MetaSchedule database directory made by ``tvm-interop tune`` /
+    ``passes.kernels.tuning.tune_program``; its tuned kernels replace the prepared ones before anything is
+    measured or built (kernels without a record keep their default schedule).
     ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
     the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     """
@@ -161,6 +165,14 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     t = time.perf_counter()
     program = prepare_program(mod, target, name=model_name, cpu_schedule=cpu_schedule)
     timings["prepare"] = time.perf_counter() - t
+    if tuning_db is not None:
+        import dataclasses
+
+        from passes.kernels.tuning import apply_database
+
+        t = time.perf_counter()
+        program = dataclasses.replace(program, mod=apply_database(program.mod, target, tuning_db))
+        timings["tuning_db"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
     measured = isinstance(cost, str) and cost.startswith("measured")

@@ -34,12 +34,14 @@ def run(args) -> int:
     if args.output:
         cm.export(args.output)
     s = cm.schedule
+    mem = cm.memory_report()  # activation memory in TVM's memory plan: scheduled (streams) vs sequential
     summary = {
         "model": s.model_name, "target": args.target, "scheduler": s.scheduler, "units": len(cm.graph),
         "stages": s.num_stages, "max_concurrency": s.max_concurrency(), "cost": s.device,
         "predicted_ms": None if s.predicted_latency is None else s.predicted_latency * 1e3,
         "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
         "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
+        "activation_scheduled_bytes": mem["scheduled_bytes"], "activation_sequential_bytes": mem["sequential_bytes"],
         "output": args.output, "schedule_out": args.schedule_out,
     }
     if args.json:
@@ -52,6 +54,8 @@ def run(args) -> int:
                   f"(sequential {s.sequential_latency * 1e3:.3f} ms)")
         print(f"activation memory: {cm.plan.storage_bytes() / 2**20:.2f} MiB; compile "
               f"{cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, build {cm.timings['build']:.1f} s)")
+        print(f"activation memory (TVM plan): scheduled {mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential "
+              f"{mem['sequential_bytes'] / 2**20:.2f} MiB")
         if args.output:
             print(f"wrote {args.output}")
         if args.schedule_out:

@@ -1,0 +1,129 @@
+"""Cost model from a measured cost table (spec ``"table:FILE"``), as written by ``runtime.profile_bundle``.
+
+``unit_latency`` and ``stage_latency`` return the measured latencies of the stages in the table. A stage that is
+not in it (a search asked for something the bundle did not build) is handled by ``fallback``:
+
+* ``"units"`` (default): estimated from the measured latencies of its units as the longest group (a group costs
+  the sum of its units; no contention, no sync overhead) — and counted in ``misses``, with one warning;
+* ``"error"``: raises InteropError naming the stage and the table;
+* any other cost-model spec (``"sim:h100"``): that model answers.
+
+A unit missing from the table is answered by the fallback model, or an error (``"error"`` and ``"units"`` have
+nothing to compose it from). Spec forms: ``table:costs.json``, ``table:costs.json;fallback=error``,
+``table:costs.json;fallback=sim:h100``. A table made for another model (graph fingerprint) is refused by
+:meth:`TableCostModel.check_graph`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Sequence
+
+from runtime.errors import InteropError
+
+from ..graph import OpGraph, Unit
+from . import registry
+from .base import CostModel
+
+log = logging.getLogger(__name__)
+
+TABLE_FORMAT = "tvm-interop-cost-table"
+
+
+def _key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
+    from ..profile_bundle import stage_key
+
+    return stage_key(groups, strategy)
+
+
+class TableCostModel(CostModel):
+    def __init__(self, path: str, fallback: str = "units"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                table = json.load(f)
+        except OSError as e:
+            raise InteropError(f"cannot read cost table {path}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise InteropError(f"cost table {path} is not valid JSON: {e}") from None
+        if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
+            raise InteropError(f"{path} is not a tvm-interop cost table (run python -m runtime.profile_bundle)")
+        self.path = path
+        self.table = table
+        self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
+        self.stages = {st["key"]: float(st["latency"]) for st in table.get("stages", [])}
+        self.fallback_spec = fallback
+        self._fallback_model: CostModel | None = None
+        if fallback not in ("units", "error"):
+            from . import get_cost_model
+
+            self._fallback_model = get_cost_model(fallback)
+        self.hits = 0
+        self.misses = 0
+        self._warned = False
+        self.name = f"table:{table.get('device', '?')}"
+
+    @property
+    def device_fingerprint(self) -> str:
+        return str(self.table.get("device", "table"))
+
+    def check_graph(self, graph: OpGraph) -> None:
+        fp = self.table.get("graph_fingerprint")
+        if fp and fp != graph.fingerprint():
+            raise InteropError(f"cost table {self.path} was measured for another model (graph fingerprint {fp}, this "
+                               f"model is {graph.fingerprint()}); build and measure a bundle for this model")
+
+    # ------------------------------------------------------------------ interface
+    def unit_latency(self, unit: Unit) -> float:
+        lat = self.units.get(unit.name)
+        if lat is not None:
+            self.hits += 1
+            return lat
+        self.misses += 1
+        if self._fallback_model is not None:
+            return self._fallback_model.unit_latency(unit)
+        raise InteropError(f"unit {unit.name!r} is not in the cost table {self.path} (measured for model "
+                           f"{self.table.get('model')!r}); was the bundle built for this model?")
+
+    def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
+        groups = [g for g in groups if len(g)]
+        if not groups:
+            return 0.0
+        names = [[u.name for u in g] for g in groups]
+        lat = self.stages.get(_key(names, strategy))
+        if lat is not None:
+            self.hits += 1
+            return lat
+        if len(groups) == 1 and len(groups[0]) == 1:
+            return self.unit_latency(groups[0][0])
+        self.misses += 1
+        if self.fallback_spec == "error":
+            raise InteropError(f"stage {names} ({strategy}) is not in the cost table {self.path}; build the bundle "
+                               "with the options of this search, or use fallback=units / fallback=sim:...")
+        if not self._warned:
+            self._warned = True
+            log.warning("cost table %s lacks some stages the search asked for (first: %s); using the %s fallback",
+                        self.path, names, self.fallback_spec)
+        if self._fallback_model is not None:
+            return self._fallback_model.stage_latency(groups, strategy)
+        if strategy == "merge":
+            return max(self.unit_latency(g[0]) for g in groups)
+        return max(sum(self.unit_latency(u) for u in g) for g in groups)
+
+    def stats(self) -> dict:
+        return {"table": self.path, "hits": self.hits, "misses": self.misses, "fallback": self.fallback_spec}
+
+
+def _factory(arg: str | None = None, **kwargs) -> TableCostModel:
+    if not arg:
+        raise InteropError("the table cost model needs a file: cost='table:costs.json'")
+    path, _, opts = arg.partition(";")
+    fallback = kwargs.pop("fallback", "units")
+    for part in filter(None, opts.split(";")):
+        k, _, v = part.partition("=")
+        if k.strip() != "fallback" or not v:
+            raise InteropError(f"unknown cost table option {part!r}; use table:FILE;fallback=units|error|<cost spec>")
+        fallback = v.strip()
+    return TableCostModel(path, fallback=fallback)
+
+
+registry.register("table", _factory)

@@ -1,0 +1,290 @@
+"""Profiling bundles: every stage a schedule search may cost, built into one library, measured in one batch.
+
+Measuring stages one at a time from the scheduler (``passes.cost.measured``) needs the compiler next to the
+device. A GPU machine here has TVM's runtime only, so the work is split:
+
+1. here (compiler): :func:`build_profile_bundle` collects the **candidate stages** and builds them into
+   ``bundle.so`` + ``bundle.json``;
+2. there (runtime only): ``python -m runtime.profile_bundle BUNDLE_DIR -o costs.json`` measures all of them (CUDA
+   events via TVM's ``time_evaluator`` on a GPU; worker threads and the wall clock on a CPU) and writes a cost
+   table;
+3. here again: any scheduler with ``cost="table:costs.json"`` (``passes.cost.table``) searches with the measured
+   latencies.
+
+Candidate stages (documented choice; each source is recorded per stage):
+
+* ``unit``: every unit alone (the sequential baseline, LIOS's priorities, greedy's ordering);
+* ``greedy``, ``lios``: the stages those schedulers build (greedy at ``max_streams``);
+* ``ios``: every concurrent stage IOS's dynamic program costs with small pruning (``r`` units per group, ``s``
+  groups per stage, default 2 and 3) on blocks of at most ``ios_block`` units (default 8; larger blocks are split
+  in topological order, as ``schedule_graph`` does), with the branch-and-bound pruning off (so the set does not
+  depend on the costs) and merge stages left out (the lowering does not build merged kernels yet).
+
+The stages are found by running those schedulers with a recording wrapper around a simulated cost model (the
+device's preset): whatever a search asks the cost model is what gets built. IOS's DP asks for the same stages
+whatever the costs, so an IOS search run against the table with the same options (:func:`ios_options`:
+``r``, ``s``, ``max_block_size``, ``merge=False``, ``guard=False``, every partition of an ending tried) finds
+every stage it costs in the table; so do sequential
+and greedy while no more units are ready than there are streams. LIOS (placement by unit latency), greedy with
+more ready units than streams, and IOS's guard (greedy at 1..s streams) form groups from the unit latencies: with
+measured latencies those groups can differ from the recorded ones, and such stages use the table's fallback
+(``passes.cost.table``: by default composed from the measured unit latencies).
+
+The bundle: for each stage a Relax function ``__tvm_interop_stage<k>(tensors..., streams)`` that launches the
+stage's groups on streams exactly as the stage-mode lowering does (fork from the caller's stream, one stream per
+group, join), calling the units' kernels directly on tensors passed in (weights included), so nothing is
+allocated or embedded per stage and the library stays small; plus the stream-creating functions. The JSON lists
+the tensors (shape, dtype), the units (kernel, argument tensors) and the stages.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import tvm
+from tvm import relax
+
+from runtime.cuda import DL_DEVICE_TYPE, STREAMS_FUNC
+from runtime.errors import InteropError
+
+from .cost.base import CostModel
+from .extract import Program
+from .graph import Unit
+
+log = logging.getLogger(__name__)
+
+BUNDLE_FORMAT = "tvm-interop-profile-bundle"
+BUNDLE_VERSION = 1
+STAGE_FUNC = "__tvm_interop_stage{}"
+LIBRARY = "bundle.so"
+PLAN = "bundle.json"
+
+
+def stage_key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
+    """Canonical text key of a stage: the order of groups does not matter, the order inside a group does."""
+    gs = sorted("|".join(g) for g in groups if len(g))
+    return strategy + ":" + ";".join(gs)
+
+
+class RecordingCostModel(CostModel):
+    """Delegates to ``inner`` and records every concurrent stage asked for, with the ``source`` label."""
+
+    def __init__(self, inner: CostModel, sink: dict, source: str):
+        self.inner = inner
+        self.sink = sink
+        self.source = source
+        self.name = inner.name
+
+    def unit_latency(self, unit: Unit) -> float:
+        self._record([[unit.name]], "unit")
+        return self.inner.unit_latency(unit)
+
+    def stage_latency(self, groups, strategy: str = "concurrent") -> float:
+        if strategy == "concurrent":
+            names = [[u.name for u in g] for g in groups if len(g)]
+            self._record(names, self.source if sum(len(g) for g in names) > 1 else "unit")
+        return self.inner.stage_latency(groups, strategy)
+
+    def _record(self, names, source) -> None:
+        key = stage_key(names)
+        entry = self.sink.get(key)
+        if entry is None:
+            self.sink[key] = {"groups": [list(g) for g in names], "sources": [source]}
+        elif source not in entry["sources"]:
+            entry["sources"].append(source)
+
+    @property
+    def device_fingerprint(self) -> str:
+        return self.inner.device_fingerprint
+
+
+@dataclass
+class BundleOptions:
+    max_streams: int = 8
+    ios_r: int = 2
+    ios_s: int = 3
+    ios_block: int = 8
+    ios: bool = True
+    lios: bool = True
+    cost: str | None = None   # the simulated model the searches run with while recording (default: device preset)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def ios_options(options: BundleOptions | None = None) -> dict:
+    """The IOS options whose stages a bundle holds; run ``ios`` with these against the table (``bound`` may be on:
+    it only skips stages). Every partition of an ending into groups is tried (``group_enum_limit=None``): the
+    packing heuristic used otherwise depends on the costs."""
+    o = options or BundleOptions()
+    return dict(max_block_size=o.ios_block, r=o.ios_r, s=o.ios_s, merge=False, bound=False, guard=False,
+                group_enum_limit=None)
+
+
+def candidate_stages(graph, options: BundleOptions | None = None, device: str = "cpu") -> list[dict]:
+    """The stages (``{"groups", "sources"}``) the searches would cost, in a deterministic order."""
+    from .cost import get_cost_model
+    from .schedulers import available_schedulers, schedule_graph
+
+    options = options or BundleOptions()
+    inner = get_cost_model(options.cost or ("sim:cpu" if device == "cpu" else "sim:h100"))
+    sink: dict = {}
+    for u in graph.units:
+        RecordingCostModel(inner, sink, "unit")._record([[u.name]], "unit")
+    schedule_graph(graph, "greedy", RecordingCostModel(inner, sink, "greedy"), max_streams=options.max_streams)
+    if options.lios and "lios" in available_schedulers():
+        schedule_graph(graph, "lios", RecordingCostModel(inner, sink, "lios"), streams=options.max_streams)
+    if options.ios:
+        schedule_graph(graph, "ios", RecordingCostModel(inner, sink, "ios"), **ios_options(options))
+        # IOS's guard compares with greedy at 1..s streams (on the same blocks)
+        for k in range(1, options.ios_s + 1):
+            schedule_graph(graph, "greedy", RecordingCostModel(inner, sink, "greedy"), max_streams=k,
+                           max_block_size=options.ios_block)
+    order = {u.name: i for i, u in enumerate(graph.units)}
+    stages = list(sink.values())
+    stages.sort(key=lambda st: (sum(len(g) for g in st["groups"]) > 1, min(order[u] for g in st["groups"] for u in g),
+                                stage_key(st["groups"])))
+    return stages
+
+
+@dataclass
+class Bundle:
+    directory: str
+    plan: dict
+    seconds: float = 0.0
+    build_notes: list = field(default_factory=list)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.plan["stages"])
+
+
+def _tensor_table(program: Program):
+    """Tensor ids for model inputs, constants and unit outputs, and each unit's (kernel, args, outs)."""
+    tensors: list[dict] = []
+    ids: dict[tuple, int] = {}
+
+    def tid(key, info) -> int:
+        if key not in ids:
+            ids[key] = len(tensors)
+            tensors.append({"shape": [int(d) for d in info[0]], "dtype": str(info[1]),
+                            "kind": key[0], "name": "/".join(str(k) for k in key[1:])})
+        return ids[key]
+
+    units: dict[str, dict] = {}
+    for name, uc in program.calls.items():
+        args = []
+        for ref in uc.args:
+            if ref.kind == "input":
+                info = program.input_infos[ref.index]
+                args.append(tid(("input", ref.index), (info.shape, info.dtype)))
+            elif ref.kind == "const":
+                c = program.constants[ref.index]
+                args.append(tid(("const", ref.index), (c.shape, c.dtype)))
+            elif ref.kind == "unit":
+                info = program.calls[ref.unit].outputs[ref.index]
+                args.append(tid(("unit", ref.unit, ref.index), (info.shape, info.dtype)))
+            else:
+                raise InteropError(f"unit {name}: a tuple argument cannot be profiled")
+        outs = [tid(("unit", name, k), (o.shape, o.dtype)) for k, o in enumerate(uc.outputs)]
+        units[name] = {"func": uc.func_name, "args": args, "outs": outs}
+    return tensors, units
+
+
+def _build_stage_module(program: Program, stages: list[dict], units: dict, tensors: list[dict], device: str,
+                        num_streams: int) -> tvm.IRModule:
+    from .lower_streams import _Emitter, _i32  # the same stream helpers as the lowering
+
+    em = _Emitter(program, device)
+    bb = em.bb
+    int64 = tvm.ir.PrimType("int64")
+    prim_gvs = {gv.name_hint: gv for gv, f in program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    for k, st in enumerate(stages):
+        groups = st["groups"]
+        used: list[int] = []
+        for g in groups:
+            for u in g:
+                for t in units[u]["args"] + units[u]["outs"]:
+                    if t not in used:
+                        used.append(t)
+        st["tensors"] = used
+        params = {t: relax.Var(f"t{t}", relax.TensorType(tensors[t]["shape"], tensors[t]["dtype"])) for t in used}
+        streams = relax.Var("streams", relax.TupleType([int64] * num_streams))
+        with bb.function(STAGE_FUNC.format(k), [params[t] for t in used] + [streams], pure=False):
+            concurrent = len(groups) > 1 and num_streams > 0
+            if concurrent:
+                main_s = bb.emit(relax.Call(em.current_stream_gv(), [_i32(DL_DEVICE_TYPE.get(device, 1)), _i32(0)]),
+                                 name_hint="main_stream")
+                svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
+                used_s = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))
+                for s in used_s:
+                    bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, main_s, svars[s]), name_hint="event")
+            for gi, g in enumerate(groups):
+                if concurrent:
+                    bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
+                for u in g:
+                    spec = units[u]
+                    gv = prim_gvs[spec["func"]]
+                    bb.emit(relax.Call(gv, [params[t] for t in spec["args"] + spec["outs"]]), name_hint=u)
+            if concurrent:
+                bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
+                for s in used_s:
+                    bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, svars[s], main_s), name_hint="event")
+            bb.emit_func_output(relax.Tuple([]))
+        st["function"] = STAGE_FUNC.format(k)
+    em.emit_stream_funcs(num_streams)
+    built = bb.get()
+    funcs = {gv: f for gv, f in program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    for gv, f in built.functions.items():
+        funcs[gv] = f
+    return tvm.IRModule(funcs)
+
+
+def build_profile_bundle(program: Program, target, out_dir: str, options: BundleOptions | None = None,
+                         stages: list[dict] | None = None) -> Bundle:
+    """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
+    ``out_dir/bundle.so`` and write ``out_dir/bundle.json``."""
+    from .cuda_build import build_cuda, normalize_target
+    from .lower_streams import device_kind
+
+    t0 = time.perf_counter()
+    options = options or BundleOptions()
+    target = normalize_target(target)
+    device = device_kind(target)
+    graph = program.graph
+    if stages is None:
+        stages = candidate_stages(graph, options, device)
+    stages = [{"groups": [list(g) for g in st["groups"]], "sources": list(st.get("sources", []))} for st in stages]
+    widest = max((len(st["groups"]) for st in stages), default=1)
+    from .lower_streams import resolve_stream_count
+
+    num_streams = resolve_stream_count(options.max_streams, widest)
+    tensors, units = _tensor_table(program)
+    mod = _build_stage_module(program, stages, units, tensors, device, num_streams)
+    notes: list = []
+    if target.kind.name == "cuda":
+        ex, report = build_cuda(mod, target, cuda_graph=False)
+        notes = report.notes
+    else:
+        ex = tvm.compile(mod, target)
+    os.makedirs(out_dir, exist_ok=True)
+    from runtime.model import export_library
+
+    export_library(ex, os.path.join(out_dir, LIBRARY))
+    plan = {
+        "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "model": graph.name,
+        "graph_fingerprint": graph.fingerprint(), "target": str(target.kind.name if device == "cpu" else
+                                                                  f"cuda -arch={target.attrs.get('arch')}"),
+        "device": device, "library": LIBRARY, "num_streams": num_streams, "options": options.to_json(),
+        "streams_function": STREAMS_FUNC, "tensors": tensors, "units": units, "stages": stages,
+    }
+    from .schedule import atomic_write_text
+
+    atomic_write_text(os.path.join(out_dir, PLAN), json.dumps(plan, indent=1))
+    seconds = time.perf_counter() - t0
+    log.info("profile bundle: %d stages (%d units) built for %s in %.1f s", len(stages), len(units), device, seconds)
+    return Bundle(out_dir, plan, seconds, notes)

@@ -1,0 +1,218 @@
+"""Measure a profiling bundle (built by ``passes.profile_bundle``) on this machine, with TVM's runtime only.
+
+    python -m runtime.profile_bundle BUNDLE_DIR -o costs.json [--device cuda|cpu] [--method vm|threads]
+
+Every stage of the bundle is timed in one batch and the result written as a **cost table** (JSON) that
+``passes.cost.table`` (``cost="table:costs.json"``) reads:
+
+* ``vm`` (the default on a GPU): the stage's Relax function (groups on streams, fork/join events, as the
+  stage-mode lowering runs them) is timed with TVM's ``time_evaluator``, which times with CUDA events on a GPU
+  (wall clock on a CPU); the streams are created once for the whole batch.
+* ``threads`` (the default on a CPU): the stage's groups run on worker threads with the kernels of the bundle,
+  as the CPU executor runs them (``runtime.stage_timer``), timed by the wall clock.
+
+Inputs, weights and outputs are random tensors allocated once per tensor of the model. The statistic is the
+median of ``repeat`` measurements (each the mean of ``number`` runs for ``vm``) after ``warmup`` runs. The table
+records the device fingerprint, so a table measured on one device is not mistaken for another's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from .cuda import STREAMS_FUNC, check_cuda_device
+from .errors import ExportError, InteropError
+
+TABLE_FORMAT = "tvm-interop-cost-table"
+TABLE_VERSION = 1
+BUNDLE_FORMAT = "tvm-interop-profile-bundle"
+
+
+def stage_key(groups, strategy: str = "concurrent") -> str:
+    """Must equal ``passes.profile_bundle.stage_key`` (duplicated: the runtime imports nothing from passes)."""
+    gs = sorted("|".join(g) for g in groups if len(g))
+    return strategy + ":" + ";".join(gs)
+
+
+def device_fingerprint(kind: str, dev=None) -> str:
+    import tvm
+
+    if kind == "cuda" and dev is not None:
+        return f"cuda:{dev.device_name}:sm_{str(dev.compute_version).replace('.', '')}"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        cores = os.cpu_count() or 1
+    return f"cpu:{model}:{cores}cores:tvm{getattr(tvm, '__version__', '?')}"
+
+
+def load_bundle(bundle_dir: str) -> dict:
+    path = os.path.join(bundle_dir, "bundle.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except OSError as e:
+        raise ExportError(f"cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path} is not valid JSON: {e}") from None
+    if plan.get("format") != BUNDLE_FORMAT:
+        raise ExportError(f"{path} is not a tvm-interop profiling bundle")
+    return plan
+
+
+def _random_tensor(spec, dev, rng):
+    import tvm
+
+    shape = tuple(spec["shape"])
+    if "float" in spec["dtype"]:
+        data = rng.standard_normal(shape).astype(spec["dtype"])
+    else:
+        data = np.zeros(shape, spec["dtype"])
+    return tvm.runtime.tensor(data, dev)
+
+
+def measure_bundle(bundle_dir: str, device: str | None = None, method: str | None = None, repeat: int = 20,
+                   number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0, limit: int | None = None,
+                   out: str | None = None, progress=None) -> dict:
+    """Time every stage of the bundle; returns (and writes to ``out``) the cost table."""
+    import tvm
+    from tvm.runtime import vm as rvm
+
+    plan = load_bundle(bundle_dir)
+    kind = device or plan["device"]
+    method = method or ("vm" if kind != "cpu" else "threads")
+    if method not in ("vm", "threads"):
+        raise InteropError(f"unknown measuring method {method!r}; use 'vm' or 'threads'")
+    if method == "threads" and kind != "cpu":
+        raise InteropError("the worker-thread method measures CPU kernels only; use --method vm on a GPU")
+    dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
+    lib_path = os.path.join(bundle_dir, plan["library"])
+    from .model import _kernel_library
+
+    try:
+        lib = tvm.runtime.load_module(lib_path)
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"{lib_path}: cannot load ({str(e).splitlines()[0] if str(e) else e})") from None
+    rng = np.random.default_rng(0)
+    tensors = plan["tensors"]
+    cache: dict[int, object] = {}
+
+    def tensor(t: int):
+        if t not in cache:
+            cache[t] = _random_tensor(tensors[t], dev, rng)
+        return cache[t]
+
+    stages = plan["stages"][: limit if limit else None]
+    t_start = time.perf_counter()
+    results = []
+    if method == "vm":
+        vm = rvm.VirtualMachine(lib, dev)
+        streams = vm[plan.get("streams_function", STREAMS_FUNC)]()
+        for i, st in enumerate(stages):
+            args = [tensor(t) for t in st["tensors"]]
+            fn = st["function"]
+            for _ in range(max(1, warmup)):
+                vm[fn](*args, streams)
+            dev.sync()
+            timer = vm.time_evaluator(fn, dev, number=number, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+            res = timer(*args, streams)
+            lat = float(np.median(np.asarray(res.results)))
+            results.append(lat)
+            if progress:
+                progress(i + 1, len(stages), lat)
+        try:
+            dev.sync()
+            vm["__tvm_interop_free_streams"](streams)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+    else:
+        from .stage_timer import KernelCall, StageTimer
+
+        klib = _kernel_library(lib)
+        units = plan["units"]
+
+        def call(u: str) -> KernelCall:
+            spec = units[u]
+            return KernelCall(spec["func"],
+                              tuple((tuple(tensors[t]["shape"]), tensors[t]["dtype"]) for t in spec["args"]),
+                              tuple((tuple(tensors[t]["shape"]), tensors[t]["dtype"]) for t in spec["outs"]))
+
+        timer = StageTimer(lambda n: klib.get_function(n), dev, warmup=warmup, repeat=repeat)
+        try:
+            for i, st in enumerate(stages):
+                lat = timer.time_stage([[call(u) for u in g] for g in st["groups"]])
+                results.append(lat)
+                if progress:
+                    progress(i + 1, len(stages), lat)
+        finally:
+            timer.close()
+    table = {
+        "format": TABLE_FORMAT, "version": TABLE_VERSION, "model": plan.get("model"),
+        "graph_fingerprint": plan.get("graph_fingerprint"), "target": plan.get("target"), "device_kind": kind,
+        "device": device_fingerprint(kind, dev), "tvm_version": getattr(tvm, "__version__", "?"),
+        "method": "time_evaluator (CUDA events)" if (method == "vm" and kind == "cuda") else
+                  ("time_evaluator (wall clock)" if method == "vm" else "worker threads (wall clock)"),
+        "statistic": "median", "repeat": repeat, "number": number if method == "vm" else 1, "warmup": warmup,
+        "units": {}, "stages": [], "seconds": 0.0,
+    }
+    for st, lat in zip(stages, results):
+        groups = st["groups"]
+        table["stages"].append({"key": stage_key(groups), "groups": groups, "latency": lat,
+                                "sources": st.get("sources", [])})
+        if len(groups) == 1 and len(groups[0]) == 1:
+            table["units"][groups[0][0]] = lat
+    table["seconds"] = time.perf_counter() - t_start
+    if out:
+        tmp = f"{out}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, out)
+    return table
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runtime.profile_bundle",
+                                description="Measure every stage of a tvm-interop profiling bundle (runtime only).")
+    p.add_argument("bundle", help="bundle directory (bundle.so + bundle.json)")
+    p.add_argument("-o", "--output", default=None, help="cost table to write (default BUNDLE/costs.json)")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: the bundle's")
+    p.add_argument("--method", default=None, choices=["vm", "threads"], help="default: vm on a GPU, threads on a CPU")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--number", type=int, default=10, help="runs per measurement (vm method)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--limit", type=int, default=None, help="measure only the first N stages")
+    p.add_argument("-q", "--quiet", action="store_true")
+    args = p.parse_args(argv)
+    out = args.output or os.path.join(args.bundle, "costs.json")
+
+    def progress(i, n, lat):
+        if not args.quiet and (i == n or i % 50 == 0):
+            print(f"  {i}/{n} stages measured (last {lat * 1e6:.1f} us)", file=sys.stderr, flush=True)
+
+    try:
+        table = measure_bundle(args.bundle, device=args.device, method=args.method, repeat=args.repeat,
+                               number=args.number, warmup=args.warmup, limit=args.limit, out=out, progress=progress)
+    except InteropError as e:
+        print(f"profile_bundle: error: {e}", file=sys.stderr)
+        return 1
+    print(f"measured {len(table['stages'])} stages on {table['device']} in {table['seconds']:.1f} s -> {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

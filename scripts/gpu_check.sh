@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU check: build the zoo for CUDA here, check outputs and time batch-1 latency on an NVIDIA GPU there.
+# (plain TVM, sequential, greedy, lios, ios -- each with and without CUDA graph -- and PyTorch eager.)
+#
+# Recipe for this workplace's device tool (GPU machine: H100/H200, Python 3.12, PyTorch, nvcc, NO compiler-side
+# TVM and no network; the tool copies the repo's working tree plus the ignored paths named in `carry`, 64 MiB in
+# all, and returns files written under $OUT):
+#
+#   1. here (needs .venv with TVM's compiler and nvcc; no GPU), from the repo root:
+#        scripts/gpu_check.sh build                 # all zoo models, width 1.0 (takes a while on 2 cores)
+#        scripts/gpu_check.sh build --models inception_v3,squeezenet --width 0.5     # a smaller run
+#      -> .gpu_check/ (ignored by git via .git/info/exclude): libs/<model>.plain.so (plain tvm.compile build:
+#         the reference), libs/<model>.sched.so (all schedules, with and without CUDA graph), manifest.json,
+#         tvm_kit.tar.xz (TVM's Python package without libtvm_compiler.so), whl/ (apache-tvm-ffi for cp312).
+#         Weights are generated on the device from a seed, so the libraries stay small; the build refuses to
+#         finish (exit 1) when .gpu_check is over 60 MiB.
+#   2. there: one call of the device tool's `run` with
+#        carry: [".gpu_check"]      command: bash scripts/gpu_check.sh run      (timeout_s 600)
+#      which unpacks the runtime kit into /tmp, installs the wheel with `pip install --no-index --target`, sets
+#      TVM_USE_RUNTIME_LIB=1 and runs `python3 scripts/gpu_check.py run --dir .gpu_check --out $OUT`
+#      (extra arguments go to it: --repeat 200 --warmup 20 --models a,b). It writes $OUT/gpu_check.json and
+#      $OUT/gpu_check.md, which the tool copies back (files_at).
+#   3. here:
+#        scripts/gpu_check.sh report <files_at>/gpu_check.json      # -> docs/gpu_check.json, docs/gpu_check.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step="${1:-}"
+shift || true
+case "$step" in
+  build)
+    EXCLUDE="$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)"
+    mkdir -p "$(dirname "$EXCLUDE")"
+    grep -qxF '/.gpu_check/' "$EXCLUDE" 2>/dev/null || echo '/.gpu_check/' >> "$EXCLUDE"
+    PY=.venv/bin/python
+    [ -x "$PY" ] || PY=python3
+    export TVM_CUDA_COMPILE_MODE="${TVM_CUDA_COMPILE_MODE:-nvcc}"
+    exec "$PY" scripts/gpu_check.py build "$@"
+    ;;
+  run)
+    D=.gpu_check
+    [ -f "$D/manifest.json" ] || { echo "gpu_check: $D/manifest.json missing (run 'build' here, carry .gpu_check)" >&2; exit 2; }
+    KIT=/tmp/gpu_check_kit SITE=/tmp/gpu_check_site
+    mkdir -p "$KIT" "$SITE"
+    tar xJf "$D/tvm_kit.tar.xz" -C "$KIT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$D"/whl/*.whl
+    export PYTHONPATH="$KIT:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    exec python3 scripts/gpu_check.py run --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
+    ;;
+  report)
+    PY=.venv/bin/python
+    [ -x "$PY" ] || PY=python3
+    exec "$PY" scripts/gpu_check.py report "$@"
+    ;;
+  *)
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | report RESULT.json" >&2
+    exit 2
+    ;;
+esac
