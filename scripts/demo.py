@@ -38,10 +38,17 @@ def main() -> int:
     models = {}
     for sched in ("sequential", best):
         t = time.perf_counter()
-        models[sched] = tvm_interop.compile(mod, scheduler=sched, name=name)
+        # the best scheduler asks this CPU (measured stage costs, cached in out/) and is guarded against sequential
+        kw = dict(cost="measured", cost_cache=os.path.join(args.out, "cost-cache.json")) if sched != "sequential" else {}
+        models[sched] = tvm_interop.compile(mod, scheduler=sched, name=name, **kw)
         s = models[sched].schedule
         print(f"[demo] {sched:10s}: {s.num_stages} stages, up to {s.max_concurrency()} concurrent groups "
               f"(compiled in {time.perf_counter() - t:.1f} s)", flush=True)
+        g = models[sched].guard
+        if g is not None:
+            verdict = "kept" if g.keep_schedule else "rejected: shipping sequential"
+            print(f"[demo] never-slower guard: {g.scheduled_ms:.2f} ms vs sequential {g.sequential_ms:.2f} ms "
+                  f"(noise {g.noise * 100:.0f}%) -> {verdict}", flush=True)
     x = models[best].random_inputs(seed=0)
     ref = tvm_interop.run_reference(mod, x)
     for sched, cm in models.items():
@@ -58,7 +65,9 @@ def main() -> int:
             times[k].append(time.perf_counter() - t)
     med = {k: float(np.median(v)) for k, v in times.items()}
     print(f"[demo] sequential   {med['sequential'] * 1e3:9.2f} ms (median of {args.repeat})")
-    print(f"[demo] {best:12s} {med[best] * 1e3:9.2f} ms  -> speedup {med['sequential'] / med[best]:.2f}x")
+    shipped = models[best].schedule.scheduler
+    print(f"[demo] {best:12s} {med[best] * 1e3:9.2f} ms  -> speedup {med['sequential'] / med[best]:.2f}x "
+          f"(shipped schedule: {shipped}{'' if shipped == best else ', chosen by the never-slower guard'})")
     sched_path = os.path.join(args.out, f"{name}.schedule.json")
     so_path = os.path.join(args.out, f"{name}.so")
     models[best].schedule.measured_latency = med[best]
@@ -66,7 +75,7 @@ def main() -> int:
     models[best].export(so_path)
     with open(os.path.join(args.out, f"{name}.demo.json"), "w") as f:
         json.dump({"model": name, "scheduler": best, "median_ms": {k: v * 1e3 for k, v in med.items()},
-                   "speedup": med["sequential"] / med[best], "repeat": args.repeat,
+                   "speedup": med["sequential"] / med[best], "repeat": args.repeat, "shipped": shipped,
                    "width": args.width, "image_size": args.image_size}, f, indent=1)
     print(f"[demo] wrote {sched_path} and {so_path}; try: .venv/bin/tvm-interop run {so_path}")
     print(f"[demo] total {time.perf_counter() - t0:.1f} s")
