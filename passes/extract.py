@@ -118,7 +118,7 @@ def extract(mod: tvm.IRModule, name: str = "model") -> Program:
     flops_cache: dict[str, float] = {}
 
     def const_ref(c) -> Ref:
-        key = c.handle.value if hasattr(c, "handle") else id(c)
+        key = c.__chandle__() if hasattr(c, "__chandle__") else id(c)  # the IR node, not the Python wrapper
         if key not in const_ids:
             const_ids[key] = len(constants)
             constants.append(c.value.numpy())

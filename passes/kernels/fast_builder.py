@@ -50,7 +50,8 @@ from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_eval
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InProcessBuilder", "InProcessRunner", "tensor_intrinsics_for", "BuildStats"]
+__all__ = ["InProcessBuilder", "InProcessRunner", "tensor_intrinsics_for", "BuildStats", "build_candidate",
+           "measure_module"]
 
 _ARTIFACT_FILE = "inprocess.module"
 _TENSOR_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
@@ -250,6 +251,18 @@ def _fill_function():
     return _random_fill
 
 
+def measure_module(rt_mod, args_info, device_type: str = "cpu",
+                   evaluator_config: EvaluatorConfig | None = None, alloc_repeat: int = 1) -> list[float]:
+    """Seconds per call of ``rt_mod``'s entry function, as MetaSchedule's runners measure a candidate.
+
+    ``args_info``: MetaSchedule ``ArgInfo`` objects (``ArgInfo.from_prim_func(func)``) or their JSON form.
+    """
+    dev = tvm.runtime.device(str(device_type), 0)
+    info = [a.as_json() if hasattr(a, "as_json") else a for a in args_info]
+    args = alloc_argument_common(_fill_function(), dev, info, alloc_repeat)
+    return run_evaluator_common(rt_mod, dev, EvaluatorConfig._normalized(evaluator_config), args)
+
+
 @derived_object
 class InProcessRunner(PyRunner):
     """Times built candidates in this process with MetaSchedule's evaluator (see the module doc).
@@ -273,10 +286,8 @@ class InProcessRunner(PyRunner):
             rt_mod = _REGISTRY.pop(path)
             if rt_mod is None:
                 rt_mod = tvm.runtime.load_module(path)
-            dev = tvm.runtime.device(str(ri.device_type), 0)
-            args_info = [a.as_json() for a in ri.args_info]
-            args = alloc_argument_common(_fill_function(), dev, args_info, self.alloc_repeat)
-            costs = run_evaluator_common(rt_mod, dev, self.evaluator_config, args)
+            costs = measure_module(rt_mod, ri.args_info, str(ri.device_type), self.evaluator_config,
+                                   self.alloc_repeat)
             self.stats.add_run(time.perf_counter() - t0, True)
             return LocalRunnerFuture(res=costs, error_message=None)
         except KeyboardInterrupt:
@@ -287,3 +298,42 @@ class InProcessRunner(PyRunner):
 
     def run(self, runner_inputs: list[RunnerInput]):
         return [self._run_one(ri) for ri in runner_inputs]
+
+
+# ----------------------------------------------------------------------------------------------- timing wrappers
+@derived_object
+class TimedBuilder(PyBuilder):
+    """Any MetaSchedule builder, with the wall time of each batch added to ``stats`` (for comparisons)."""
+
+    def __init__(self, inner, stats: BuildStats):
+        super().__init__()
+        self.inner, self.stats = inner, stats
+
+    def build(self, build_inputs):
+        t0 = time.perf_counter()
+        results = self.inner.build(build_inputs)
+        per = (time.perf_counter() - t0) / max(1, len(results))
+        for r in results:
+            self.stats.add_build(per, r.error_msg is None)
+        return results
+
+
+@derived_object
+class TimedRunner(PyRunner):
+    """Any synchronous MetaSchedule runner (``LocalRunner``), with the wall time of each batch added to ``stats``."""
+
+    def __init__(self, inner, stats: BuildStats):
+        super().__init__()
+        self.inner, self.stats = inner, stats
+
+    def run(self, runner_inputs):
+        t0 = time.perf_counter()
+        futures = [f.result() for f in self.inner.run(runner_inputs)]
+        per = (time.perf_counter() - t0) / max(1, len(futures))
+        out = []
+        for r in futures:
+            ok = r.error_msg is None
+            self.stats.add_run(per, ok)
+            out.append(LocalRunnerFuture(res=[float(s) for s in r.run_secs] if ok else None,
+                                         error_message=None if ok else str(r.error_msg)))
+        return out
