@@ -12,6 +12,8 @@ def register(sub) -> None:
     p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
     p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios (default greedy)")
     p.add_argument("--cost", default=None, help="cost model for the scheduler, e.g. sim:cpu, sim:h100")
+    p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
+                   "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
@@ -28,7 +30,8 @@ def run(args) -> int:
     status(args, f"compiling {args.model} for {args.target} with scheduler {args.scheduler} ...")
     cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
                              schedule=args.schedule, mode=args.mode, batch_size=args.batch,
-                             image_size=args.image_size, width=args.width, max_streams=args.max_streams)
+                             image_size=args.image_size, width=args.width, max_streams=args.max_streams,
+                             tuning_db=args.tuning_db)
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:

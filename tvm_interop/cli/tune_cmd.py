@@ -1,0 +1,72 @@
+"""``tvm-interop tune``: MetaSchedule-tune a model's kernels into a database that ``compile --tuning-db`` uses."""
+from __future__ import annotations
+
+import sys
+
+from .common import add_model_args, print_json, status
+
+EPILOG = """examples:
+  tvm-interop tune inception_v3 --target llvm --trials 64 --db tuned/incv3
+  tvm-interop tune squeezenet --trials 16 --db tuned/sq --ops conv2d --json
+  python -c "import tvm_interop; tvm_interop.compile('inception_v3', tuning_db='tuned/incv3')"
+
+--trials is per kernel (task). Re-running continues: kernels that already have --trials records are skipped,
+others get the missing trials. Ctrl-C leaves the database usable; run the same command again to continue.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="tune the model's kernels with MetaSchedule into a database directory",
+                       description="Tune every unique kernel of a model with MetaSchedule (evolutionary search, "
+                                   "XGBoost cost model) into a resumable JSON database.",
+                       epilog=EPILOG, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
+    p.add_argument("--db", required=True, help="database directory (created; reused to continue)")
+    p.add_argument("--ops", default=None,
+                   help="comma-separated substrings: tune only kernels whose name contains one (e.g. conv2d)")
+    p.add_argument("--per-iter", type=int, default=64, help="candidates per measurement batch (default 64)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="search threads and the target's num-cores (default: physical cores)")
+    p.add_argument("--cost-model", default="xgb", choices=["xgb", "random"], help="search cost model (default xgb)")
+    p.add_argument("--no-baselines", action="store_true", help="do not time the untuned kernels")
+    p.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+
+    from passes.kernels.tuning import tune_program
+
+    from ..api import load_module, prepare_program
+
+    t0 = time.perf_counter()
+    status(args, f"preparing {args.model} ...")
+    mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+    program = prepare_program(mod, args.target, name=name)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    progress = False if (args.quiet or args.json) else None  # None: progress lines only on a terminal
+    try:
+        report = tune_program(program, args.target, args.db, args.trials, op_names=ops,
+                              num_trials_per_iter=args.per_iter, cost_model=args.cost_model,
+                              num_threads=args.threads, seed=args.seed, baselines=not args.no_baselines,
+                              quiet=args.quiet or args.json, progress=progress)
+    except KeyboardInterrupt as e:
+        partial = e.args[1] if len(e.args) > 1 else None
+        if partial is not None and not args.json:
+            print(partial.table())
+        print(f"tvm-interop tune: interrupted; the database in {args.db} is consistent, run the same command to "
+              "continue", file=sys.stderr)
+        return 130
+    total = time.perf_counter() - t0
+    if args.json:
+        print_json({"model": name, **report.to_dict(), "total_seconds": total})
+    else:
+        print(f"{name}: {len(report.tasks)} kernel(s), target {args.target}, database {args.db}")
+        print(report.table())
+        print(f"total time {total:.1f} s (tuning {report.seconds:.1f} s)")
+    return 0
