@@ -29,6 +29,15 @@ class GuardResult:
 def compare_plans(library, plans: dict, device_kind: str = "cpu", repeat: int = 15, warmup: int = 2,
                   seed: int = 0) -> dict[str, list[float]]:
     """Run each plan (same kernels, same inputs) ``repeat`` times, interleaved; seconds per run per plan."""
+    if device_kind != "cpu":
+        raise NotImplementedError("the in-process guard measures CPU plans; GPU plans are checked on the device")
+    return compare_libraries({k: (library, p) for k, p in plans.items()}, repeat=repeat, warmup=warmup, seed=seed)
+
+
+def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> dict[str, list[float]]:
+    """``runs`` maps a name to ``(library, plan)``; every plan runs on the same inputs, interleaved, so machine
+    noise hits all alike. Plans may live in different libraries (a merged program and the original sequential
+    one share no constants)."""
     import time
 
     import tvm
@@ -36,17 +45,19 @@ def compare_plans(library, plans: dict, device_kind: str = "cpu", repeat: int = 
     from runtime.model import CONSTANTS_FUNC, _kernel_library, _lookup
     from runtime.thread_executor import ThreadExecutor
 
-    if device_kind != "cpu":
-        raise NotImplementedError("the in-process guard measures CPU plans; GPU plans are checked on the device")
-    vm = tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))
-    constants = list(vm[CONSTANTS_FUNC]())
-    lib = _kernel_library(library)
-    any_plan = next(iter(plans.values()))
+    any_plan = next(iter(runs.values()))[1]
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in any_plan.inputs]
-    executors = {k: ThreadExecutor(p, lambda n: _lookup(lib, n), constants, tvm.cpu(0)) for k, p in plans.items()}
-    times: dict[str, list[float]] = {k: [] for k in plans}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    executors = {}
+    constants_of: dict[int, list] = {}
     try:
+        for k, (library, plan) in runs.items():
+            if id(library) not in constants_of:
+                constants_of[id(library)] = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
+            lib = _kernel_library(library)
+            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: _lookup(lib, n), constants_of[id(library)],
+                                          tvm.cpu(0))
         for ex in executors.values():
             ex._inputs = ex._check_inputs(inputs)
             for _ in range(warmup):

@@ -695,36 +695,7 @@ def _fold_splits(schedule: Schedule, graph, split_stage_idx: list[int]) -> Sched
 
 
 def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> dict[str, list[float]]:
-    """Like ``passes.guard.compare_plans`` for plans that live in different libraries: ``runs`` maps a name to
-    ``(library, plan)``. A merged program and the original sequential one share no constants (the merged
-    weights replace the originals), so the never-slower guard times each in its own library, interleaved."""
-    import time
+    """Kept for callers of the old location; see ``passes.guard.compare_libraries``."""
+    from .guard import compare_libraries as impl
 
-    import tvm
-
-    from runtime.model import CONSTANTS_FUNC, _kernel_library, _lookup
-    from runtime.thread_executor import ThreadExecutor
-
-    executors = {}
-    any_plan = next(iter(runs.values()))[1]
-    rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in any_plan.inputs]
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    try:
-        for k, (library, plan) in runs.items():
-            constants = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
-            lib = _kernel_library(library)
-            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: _lookup(lib, n), constants, tvm.cpu(0))
-        for ex in executors.values():
-            ex._inputs = ex._check_inputs(inputs)
-            for _ in range(warmup):
-                ex.run_raw()
-        for _ in range(repeat):
-            for k, ex in executors.items():
-                t0 = time.perf_counter()
-                ex.run_raw()
-                times[k].append(time.perf_counter() - t0)
-    finally:
-        for ex in executors.values():
-            ex.close()
-    return times
+    return impl(runs, repeat=repeat, warmup=warmup, seed=seed)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from .cuda import STREAMS_FUNC, check_cuda_device
 from .errors import ExportError, InteropError
+from .machine import cpu_identity
 
 TABLE_FORMAT = "tvm-interop-cost-table"
 TABLE_VERSION = 1
@@ -45,20 +45,7 @@ def device_fingerprint(kind: str, dev=None) -> str:
 
     if kind == "cuda" and dev is not None:
         return f"cuda:{dev.device_name}:sm_{str(dev.compute_version).replace('.', '')}"
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        cores = os.cpu_count() or 1
-    return f"cpu:{model}:{cores}cores:tvm{getattr(tvm, '__version__', '?')}"
+    return f"{cpu_identity()}:tvm{getattr(tvm, '__version__', '?')}"
 
 
 def load_bundle(bundle_dir: str) -> dict:

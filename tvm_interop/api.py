@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.errors import InteropError, UnsupportedModelError
+from runtime.errors import InteropError
 from runtime.model import ScheduledModel
 
 log = logging.getLogger("tvm_interop")
@@ -144,7 +144,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     """
     from passes.build import build_library
     from passes.lower import make_plan
-    from passes.merge import apply_merges, compare_libraries, has_merges
+    from passes.guard import compare_libraries
+    from passes.merge import apply_merges, has_merges
     from passes.schedule import Schedule
     from passes.schedulers import schedule_graph
 

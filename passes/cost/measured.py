@@ -8,12 +8,11 @@ measure again. See ``passes.cost.cache`` for the cache's keys and its refusal of
 from __future__ import annotations
 
 import logging
-import os
-import platform
 from typing import Sequence
 
 import tvm
 
+from runtime.machine import cpu_identity
 from runtime.stage_timer import KernelCall, StageTimer
 
 from ..graph import Unit
@@ -32,21 +31,8 @@ def _structural_hash(obj) -> int:
 
 
 def cpu_fingerprint() -> str:
-    """Identifies the measuring machine: CPU model, usable cores, TVM version, executor."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        cores = os.cpu_count() or 1
-    return f"cpu:{model}:{cores}cores"
+    """Identifies the measuring machine: CPU model and usable cores (see ``runtime.machine``)."""
+    return cpu_identity()
 
 
 class MeasuredCostModel(CostModel):
