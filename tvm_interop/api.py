@@ -176,7 +176,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         timings["tuning_db"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
-    measured = isinstance(cost, str) and cost.startswith("measured")
+    measured = isinstance(cost, str) and cost.startswith(("measured", "learned"))
+    learned = isinstance(cost, str) and cost.startswith("learned")
     if schedule is not None:
         sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
         sched.validate(program.graph)
@@ -184,16 +185,31 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     else:
         if cost is None:
             cost = _default_cost(device_kind)
+        cost_spec = cost
+        if measured and device_kind != "cpu":
+            raise InteropError(f"cost={cost!r} times kernels on this machine's CPU; for a GPU target measure on the "
+                               "GPU with a profiling bundle (tvm-interop profile-bundle, then cost='table:FILE')")
         if measured:
             from passes.cost.measured import MeasuredCostModel
 
             cost = cost_model = MeasuredCostModel(program, target, cache=cost_cache, batch=batch_size)
+            if learned:
+                from passes.cost.learned import LearnedCostModel
+
+                cost = cost_model = LearnedCostModel(cost_model, program.graph, **_learned_options(cost_spec))
         opts = dict(scheduler_options or {})
         if scheduler in ("greedy",):
             opts.setdefault("max_streams", max_streams)
         try:
-            sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
-                                   model_name=model_name, batch=batch_size, **opts)
+            if learned:
+                from passes.schedulers.active import active_search
+
+                rounds = int(_learned_options(cost_spec, rounds=True).get("rounds", 4))
+                sched = active_search(program.graph, scheduler, cost, rounds=rounds, max_block_size=max_block_size,
+                                      model_name=model_name, batch=batch_size, **opts)
+            else:
+                sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
+                                       model_name=model_name, batch=batch_size, **opts)
         finally:
             if cost_model is not None:
                 cost_model.close()
@@ -265,6 +281,22 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
+
+
+def _learned_options(spec: str, rounds: bool = False) -> dict:
+    """Options of ``learned:seed_stages=48,rounds=4``: model options, or (``rounds=True``) the search's."""
+    _, _, arg = spec.partition(":")
+    model_keys, search_keys = ("seed_stages", "trees", "depth", "seed"), ("rounds",)
+    out = {}
+    for part in filter(None, arg.split(",")):
+        k, _, v = part.partition("=")
+        k = k.strip()
+        if k not in model_keys + search_keys or not v.strip().isdigit() or int(v) < 1:
+            raise InteropError(f"bad learned cost option {part!r}: use learned:rounds=N,seed_stages=N,trees=N,"
+                               "depth=N,seed=N with integers >= 1")
+        if (k in search_keys) == rounds:
+            out[k] = int(v)
+    return out
 
 
 def _default_cost(device_kind: str):

@@ -33,7 +33,7 @@ def _load_builtin() -> None:
     # simulated / measured cost models register themselves when their modules exist
     import importlib
 
-    for mod in ("simulated", "measured", "table"):
+    for mod in ("simulated", "measured", "table", "learned"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:
