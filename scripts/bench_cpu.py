@@ -7,6 +7,12 @@ medians, speedups over sequential, optimisation (search + measurement) time, and
 latency next to the measured one. Writes docs/bench_cpu.json and docs/bench_cpu.md.
 
     .venv/bin/python scripts/bench_cpu.py --models inception_v3 squeezenet googlenet randwire --repeat 15
+
+Scheduler specs are ``name`` or ``name:cost``: ``ios`` / ``lios`` use the measured cost model, ``ios:learned`` the
+learned one (XGBoost trained on measured stages, with the search's picks measured; see passes.cost.learned).
+A measured-cost ios search of randwire's single 276-unit block needs hours of stage timing on this CPU, so
+randwire runs ``ios:learned`` only (``SKIP``). For every schedule costed by measurements the script also
+reports how far the simulated CPU preset (sim:cpu) predicts its stages from their measured latencies.
 """
 from __future__ import annotations
 
@@ -34,6 +40,10 @@ CONFIGS = {  # per model: width, image size chosen so one run stays well under a
 }
 
 
+SKIP = {"randwire": {"ios": "a measured-cost ios search of its one 276-unit block needs hours of stage timing "
+                            "here; ios:learned (measured units + seed stages + every chosen stage) runs instead"}}
+
+
 def machine() -> dict:
     cpu = platform.processor()
     try:
@@ -47,25 +57,66 @@ def machine() -> dict:
             "python": platform.python_version(), "tvm": tvm.__version__, "numpy": np.__version__}
 
 
-def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tuning_db: str | None) -> dict:
-    cfg = CONFIGS.get(name, dict(width=0.5, image_size=None))
+def _cost_of(spec: str) -> tuple[str, str]:
+    name, _, cost = spec.partition(":")
+    if cost:
+        return name, cost
+    return name, ("measured" if name in ("ios", "lios") else "sim:cpu")
+
+
+def sim_vs_measured(cm) -> dict | None:
+    """How far sim:cpu predicts the stages of a schedule whose stage latencies were measured (or predicted by the
+    learned model from measurements): per-stage median |relative error| and the ratio of the totals."""
+    from passes.cost import get_cost_model
+
+    sched, graph = cm.schedule, cm.program.graph
+    if not sched.device.startswith("measured") or any(st.predicted_latency is None for st in sched.stages):
+        return None
+    sim = get_cost_model("sim:cpu")
+    pairs = [(sim.stage_latency([[graph.unit(n) for n in g] for g in st.groups], st.strategy), st.predicted_latency)
+             for st in sched.stages]
+    rel = [abs(p / m - 1) for p, m in pairs if m > 0]
+    return {"stages": len(pairs), "median_abs_rel_error": float(np.median(rel)),
+            "sim_total_ms": sum(p for p, _ in pairs) * 1e3, "measured_total_ms": sum(m for _, m in pairs) * 1e3}
+
+
+TUNED = " +tuned"  # row-name suffix of the schedules built with tuned kernels
+
+
+def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tuning_db: str | None = None) -> dict:
+    """Compile ``name`` with every scheduler (and, with ``tuning_db``, again with the tuned kernels), then time all
+    programs in one interleaved loop so default and tuned kernels see the same machine."""
+    cfg = {k: v for k, v in CONFIGS.get(name, dict(width=0.5, image_size=None)).items()}
     mod, _ = tvm_interop.load_module(name, **cfg)
     rows = {}
     models = {}
-    for s in schedulers:
-        cost = "measured" if s in ("ios", "lios") else "sim:cpu"
-        kw = {"tuning_db": tuning_db} if tuning_db else {}
-        t = time.perf_counter()
-        cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache, guard=False, name=name,
-                                 max_memory_ratio=None, **kw)
-        opt = cm.timings.get("schedule", 0.0)
-        models[s] = cm
-        rows[s] = {"stages": cm.schedule.num_stages, "max_groups": cm.schedule.max_concurrency(),
-                   "optimisation_s": opt, "compile_s": time.perf_counter() - t, "cost": cost,
-                   "predicted_ms": None if cm.schedule.predicted_latency is None else cm.schedule.predicted_latency * 1e3,
-                   "search": cm.schedule.search}
-        print(f"  {name}/{s}: {cm.schedule.num_stages} stages, optimisation {opt:.1f} s", flush=True)
-    x = models[schedulers[0]].random_inputs(0)
+    skipped = {}
+    for db in [None] + ([tuning_db] if tuning_db else []):
+        for spec in schedulers:
+            s, cost = _cost_of(spec)
+            row_name = spec + (TUNED if db else "")
+            if spec in SKIP.get(name, {}):
+                skipped[row_name] = SKIP[name][spec]
+                print(f"  {name}/{row_name}: skipped ({skipped[row_name]})", flush=True)
+                continue
+            kw = {"tuning_db": db} if db else {}
+            t = time.perf_counter()
+            cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache, guard=False, name=name,
+                                     max_memory_ratio=None, **kw)
+            opt = cm.timings.get("schedule", 0.0)
+            models[row_name] = cm
+            search = cm.schedule.search
+            rows[row_name] = {"stages": cm.schedule.num_stages, "max_groups": cm.schedule.max_concurrency(),
+                              "optimisation_s": opt, "compile_s": time.perf_counter() - t, "cost": cost,
+                              "kernels": "tuned" if db else "default",
+                              "measurements": search.get("measurements"), "cache_hits": search.get("cache_hits"),
+                              "predicted_ms": None if cm.schedule.predicted_latency is None
+                              else cm.schedule.predicted_latency * 1e3,
+                              "sim_vs_measured": sim_vs_measured(cm), "search": search}
+            print(f"  {name}/{row_name}: {cm.schedule.num_stages} stages, optimisation {opt:.1f} s, "
+                  f"{search.get('measurements', 0)} measurements", flush=True)
+    first = next(iter(models.values()))
+    x = first.random_inputs(0)
     ref = tvm_interop.run_reference(mod, x)
     for s, cm in models.items():
         rows[s]["max_abs_diff"] = float(np.max(np.abs(cm.run(*x) - ref)))
@@ -77,31 +128,58 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
             t0 = time.perf_counter()
             cm.run(*x, numpy=False)
             times[s].append(time.perf_counter() - t0)
-    base = float(np.median(times["sequential"]))
+    default_seq = float(np.median(times["sequential"]))
     for s in models:
         med = float(np.median(times[s]))
+        base = float(np.median(times["sequential" + (TUNED if s.endswith(TUNED) else "")]))
         rows[s].update(median_ms=med * 1e3, iqr_ms=float(np.percentile(times[s], 75) - np.percentile(times[s], 25)) * 1e3,
-                       speedup_vs_sequential=base / med)
+                       speedup_vs_sequential=base / med, speedup_vs_default_sequential=default_seq / med)
         models[s].close()
-    return {"model": name, "config": cfg, "tuned": bool(tuning_db), "rows": rows}
+    return {"model": name, "config": cfg, "tuning_db": tuning_db, "rows": rows, "skipped": skipped}
 
 
 def markdown(results: list[dict], info: dict, cmd: str) -> str:
     out = ["# CPU benchmark: inter-operator schedules with the same kernels", "",
            f"Machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB; TVM {info['tvm']}, Python "
            f"{info['python']}.", "", f"Command: `{cmd}`", "",
-           "Medians of interleaved repeats; speedup = sequential median / schedule median. ios and lios use the "
-           "measured cost model (stages timed on this CPU); optimisation = schedule search incl. measurements.", ""]
+           "Medians of interleaved repeats (all rows of a model, tuned ones included, in one loop); speedup = "
+           "sequential median / schedule median with the same kernels; vs default sequential = the default-kernel "
+           "sequential median / this row's median. `ios` and `lios` use the "
+           "measured cost model (stages timed on this CPU), `ios:learned` the learned one (XGBoost on measured "
+           "stages; the stages of every schedule it picks are measured); optimisation = schedule search incl. "
+           "measurements; measurements = stages timed in this run (cache hits not counted). predicted ms = the "
+           "cost model's total for the schedule (for measured/learned: the sum of measured stage latencies).", ""]
     for r in results:
-        tag = " (tuned kernels)" if r["tuned"] else ""
+        tag = f" (`{TUNED.strip()}` rows: kernels from the tuning database {r['tuning_db']})" if r["tuning_db"] else ""
         out += [f"## {r['model']}{tag} — width {r['config'].get('width')}, {r['config'].get('image_size')} px", "",
-                "| scheduler | stages | max groups | median ms | IQR ms | speedup | optimisation s | predicted ms | max abs diff |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| scheduler | stages | max groups | median ms | IQR ms | speedup | vs default sequential "
+                "| optimisation s | measurements | predicted ms | max abs diff |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for s, row in r["rows"].items():
             pred = "" if row["predicted_ms"] is None else f"{row['predicted_ms']:.2f}"
+            meas = "" if row.get("measurements") is None else str(row["measurements"])
             out.append(f"| {s} | {row['stages']} | {row['max_groups']} | {row['median_ms']:.2f} | {row['iqr_ms']:.2f} | "
-                       f"{row['speedup_vs_sequential']:.2f}x | {row['optimisation_s']:.1f} | {pred} | "
+                       f"{row['speedup_vs_sequential']:.2f}x | {row['speedup_vs_default_sequential']:.2f}x | "
+                       f"{row['optimisation_s']:.1f} | {meas} | {pred} | "
                        f"{row['max_abs_diff']:.1e} |")
+        for s, why in r.get("skipped", {}).items():
+            out.append(f"| {s} | skipped: {why} ||||||||||")
+        out.append("")
+        sims = [(s, row["sim_vs_measured"]) for s, row in r["rows"].items() if row.get("sim_vs_measured")]
+        if sims:
+            out.append("Simulated (sim:cpu) vs measured stage latency of the measured-cost schedules: " + "; ".join(
+                f"{s}: median |error| {v['median_abs_rel_error'] * 100:.0f}% over {v['stages']} stages, total "
+                f"{v['sim_total_ms']:.2f} ms simulated vs {v['measured_total_ms']:.2f} ms measured" for s, v in sims)
+                + ".")
+        learned = [(s, row["search"]) for s, row in r["rows"].items() if row["search"].get("active_rounds")]
+        for s, search in learned:
+            rounds = ", ".join(f"{a['predicted_ms']:.2f}->{a['measured_ms']:.2f} ms (+{a['new_stages_measured']})"
+                               for a in search["active_rounds"])
+            cv = search.get("learned_cv_error")
+            out.append(f"{s}: {search.get('learned_measured_stages')} stages measured "
+                       f"({search.get('seed_stages_measured')} seed), {search.get('learned_predictions')} predictions, "
+                       f"held-out median error {'n/a (too few stages)' if cv is None else f'{cv * 100:.0f}%'}; rounds (predicted->measured "
+                       f"total, new stages): {rounds}.")
         out.append("")
     return "\n".join(out)
 
@@ -109,20 +187,28 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(CONFIGS))
-    ap.add_argument("--schedulers", default="sequential,greedy,lios,ios")
+    ap.add_argument("--schedulers", default="sequential,greedy,lios,ios,ios:learned")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--cache", default="out/bench-cost-cache.json")
-    ap.add_argument("--tuning-db", default=None, help="also benchmark with kernels tuned into this database")
+    ap.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
+                    help="also benchmark MODEL with the kernels tuned into database DIR (made by `tvm-interop tune "
+                         "MODEL --image-size/--width as in CONFIGS --db DIR`); repeatable")
     ap.add_argument("--out", default="docs/bench_cpu")
     args = ap.parse_args()
-    schedulers = [s for s in args.schedulers.split(",") if s in available_schedulers()]
+    schedulers = [s for s in args.schedulers.split(",") if s.partition(":")[0] in available_schedulers()]
+    if "sequential" not in schedulers:
+        schedulers.insert(0, "sequential")  # the baseline of every ratio
+    tuned = {}
+    for item in args.tuned:
+        model, sep, path = item.partition("=")
+        if not sep or not os.path.isdir(path):
+            ap.error(f"--tuned wants MODEL=DIR with an existing tuning database directory, got {item!r}")
+        tuned[model] = path
     info = machine()
     results = []
     for name in args.models:
         print(f"[bench_cpu] {name}", flush=True)
-        results.append(bench_model(name, schedulers, args.repeat, args.cache, None))
-        if args.tuning_db:
-            results.append(bench_model(name, schedulers, args.repeat, args.cache, args.tuning_db))
+        results.append(bench_model(name, schedulers, args.repeat, args.cache, tuned.get(name)))
     cmd = "python scripts/bench_cpu.py " + " ".join(sys.argv[1:])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
