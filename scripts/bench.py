@@ -160,10 +160,10 @@ def make_plain_tvm(mod, x, target):
                    "executor": "relax.VirtualMachine"})
 
 
-def make_interop(mod, x, name, scheduler, cost, target):
+def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None):
     import tvm
 
-    cm = tvm_interop.compile(mod, target=target, scheduler=scheduler, cost=cost, name=name)
+    cm = tvm_interop.compile(mod, target=target, scheduler=scheduler, cost=cost, name=name, tuning_db=tuning_db)
     xt = tvm.runtime.tensor(x, tvm.cpu())
     s = cm.schedule
     search = {k: v for k, v in (s.search or {}).items() if isinstance(v, (int, float, str, bool))}
@@ -173,7 +173,10 @@ def make_interop(mod, x, name, scheduler, cost, target):
     if cm.guard is not None:
         details["guard"] = {"scheduled_ms": cm.guard.scheduled_ms, "sequential_ms": cm.guard.sequential_ms,
                             "kept": cm.guard.keep_schedule}
-    return Config(f"interop:{scheduler}", "tvm-interop", lambda: cm.run(xt, numpy=False), lambda: cm.run(x),
+    if tuning_db:
+        details["tuning_db"] = tuning_db
+    label = f"interop:{scheduler}" + ("+tuned" if tuning_db else "")
+    return Config(label, "tvm-interop", lambda: cm.run(xt, numpy=False), lambda: cm.run(x),
                   cm.timings.get("total", 0.0), details, close=cm.close)
 
 
@@ -286,6 +289,9 @@ def bench_model(name: str, args, schedulers: list[str], log) -> dict:
         raise RuntimeError(f"plain TVM build of {name} failed: {failed}")
     for s in schedulers:
         add(f"interop:{s}", make_interop, mod, x, name, s, args.cost, args.target)
+    if name in args.tuned:  # the same program with MetaSchedule-tuned kernels (tvm-interop tune ... --db DIR)
+        add("interop:sequential+tuned", make_interop, mod, x, name, "sequential", args.cost, args.target,
+            args.tuned[name])
     if not args.no_onnx:
         if _importable("onnxruntime") and _importable("onnx"):
             spin = args.spin == "on"
@@ -475,6 +481,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-onnx", action="store_true", help="skip ONNX Runtime")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     ap.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    ap.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
+                    help="add interop:sequential+tuned for MODEL with the kernels of tuning database DIR (tune it "
+                         "at the same --width/--image-size: tvm-interop tune MODEL ... --db DIR); repeatable")
     ap.add_argument("--out", default="docs/benchmarks", help="output prefix: writes OUT.json and OUT.md")
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed configurations")
     args = ap.parse_args(argv)
@@ -488,6 +497,13 @@ def main(argv=None) -> int:
         ap.error(f"unknown scheduler(s) {bad}; available: {', '.join(available_schedulers())}")
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
+    tuned = {}
+    for item in args.tuned:
+        model, sep, path = item.partition("=")
+        if not sep or not os.path.isdir(path):
+            ap.error(f"--tuned wants MODEL=DIR with an existing tuning database directory, got {item!r}")
+        tuned[model] = path
+    args.tuned = tuned
     if args.target == "native":
         import tvm
 

@@ -64,6 +64,13 @@ def _cost_of(spec: str) -> tuple[str, str]:
     return name, ("measured" if name in ("ios", "lios") else "sim:cpu")
 
 
+def cache_for(cache: str, cost: str) -> str:
+    """One cost cache per timed cost kind, so each kind's optimisation time is its own (a learned search run
+    after a measured one would otherwise find most stages in the cache)."""
+    root, ext = os.path.splitext(cache)
+    return f"{root}.{cost.partition(':')[0]}{ext or '.json'}"
+
+
 def sim_vs_measured(cm) -> dict | None:
     """How far sim:cpu predicts the stages of a schedule whose stage latencies were measured (or predicted by the
     learned model from measurements): per-stage median |relative error| and the ratio of the totals."""
@@ -101,7 +108,8 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                 continue
             kw = {"tuning_db": db} if db else {}
             t = time.perf_counter()
-            cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache, guard=False, name=name,
+            cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache_for(cache, cost), guard=False,
+                                     name=name,
                                      max_memory_ratio=None, **kw)
             opt = cm.timings.get("schedule", 0.0)
             models[row_name] = cm
@@ -189,7 +197,9 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=list(CONFIGS))
     ap.add_argument("--schedulers", default="sequential,greedy,lios,ios,ios:learned")
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--cache", default="out/bench-cost-cache.json")
+    ap.add_argument("--cache", default="out/bench-cost-cache.json",
+                    help="cost cache path stem: one file per timed cost kind (.measured.json, .learned.json); delete "
+                         "them for first-run optimisation times")
     ap.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                     help="also benchmark MODEL with the kernels tuned into database DIR (made by `tvm-interop tune "
                          "MODEL --image-size/--width as in CONFIGS --db DIR`); repeatable")

@@ -60,3 +60,22 @@ def test_errors_are_clear(tmp_path, capsys):
     assert "not a loadable TVM library" in capsys.readouterr().err
     assert main(["show", str(tmp_path / "missing.json")]) == 1
     assert "cannot read schedule file" in capsys.readouterr().err
+
+
+def test_schedule_with_timed_costs(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    args = ["schedule", "googlenet", "--width", "0.125", "--image-size", "48", "--scheduler", "ios",
+            "--cost-cache", str(tmp_path / "cc.json"), "-o", str(out), "--json", "--quiet"]
+    assert main(args + ["--cost", "learned:rounds=2,seed_stages=8"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["cost"].startswith("measured:cpu")
+    assert 1 <= len(summary["search"]["active_rounds"]) <= 2 and summary["search"]["measurements"] > 0
+    assert json.loads(out.read_text())["scheduler"] == "ios"
+    assert main(args + ["--cost", "measured"]) == 0  # every stage timed, many of them from the cache above
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["search"]["cache_hits"] > 0
+
+
+def test_schedule_timed_cost_needs_real_kernels(capsys):
+    assert main(["schedule", "synthetic:inception_v3", "--cost", "measured"]) != 0
+    assert "synthetic graphs have none" in capsys.readouterr().err

@@ -176,8 +176,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         timings["tuning_db"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
-    measured = isinstance(cost, str) and cost.startswith(("measured", "learned"))
-    learned = isinstance(cost, str) and cost.startswith("learned")
+    measured = is_timed_cost(cost)
     if schedule is not None:
         sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
         sched.validate(program.graph)
@@ -190,31 +189,16 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             raise InteropError(f"cost={cost!r} times kernels on this machine's CPU; for a GPU target measure on the "
                                "GPU with a profiling bundle (tvm-interop profile-bundle, then cost='table:FILE')")
         if measured:
-            from passes.cost.measured import MeasuredCostModel
-
-            cost = cost_model = MeasuredCostModel(program, target, cache=cost_cache, batch=batch_size)
-            if learned:
-                from passes.cost.learned import LearnedCostModel
-
-                cost = cost_model = LearnedCostModel(cost_model, program.graph, **_learned_options(cost_spec))
+            cost = cost_model = timed_cost_model(program, target, cost_spec, cache=cost_cache, batch=batch_size)
         opts = dict(scheduler_options or {})
         if scheduler in ("greedy",):
             opts.setdefault("max_streams", max_streams)
         try:
-            if learned:
-                from passes.schedulers.active import active_search
-
-                rounds = int(_learned_options(cost_spec, rounds=True).get("rounds", 4))
-                sched = active_search(program.graph, scheduler, cost, rounds=rounds, max_block_size=max_block_size,
-                                      model_name=model_name, batch=batch_size, **opts)
-            else:
-                sched = schedule_graph(program.graph, scheduler, cost, max_block_size=max_block_size,
-                                       model_name=model_name, batch=batch_size, **opts)
+            sched = search_schedule(program.graph, scheduler, cost, max_block_size=max_block_size,
+                                    model_name=model_name, batch=batch_size, **opts)
         finally:
             if cost_model is not None:
                 cost_model.close()
-        if cost_model is not None:
-            sched.search.update(cost_model.stats())
     memory = None
     if max_memory_ratio is not None or mode == "dependency":
         from passes.memory_bound import bound_memory
@@ -283,19 +267,52 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                          built_schedule=built["schedule"])
 
 
-def _learned_options(spec: str, rounds: bool = False) -> dict:
-    """Options of ``learned:seed_stages=48,rounds=4``: model options, or (``rounds=True``) the search's."""
+def is_timed_cost(spec) -> bool:
+    """True for the cost specs that time real kernels on this machine: ``measured`` and ``learned[:options]``."""
+    return isinstance(spec, str) and spec.partition(":")[0] in ("measured", "learned")
+
+
+def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1):
+    """The cost model for ``measured`` (every stage timed) or ``learned[:options]`` (XGBoost on timed stages, see
+    ``passes.cost.learned``) over ``program``'s kernels."""
+    from passes.cost.measured import MeasuredCostModel
+
+    model = MeasuredCostModel(program, target, cache=cache, batch=batch)
+    if spec.partition(":")[0] == "learned":
+        from passes.cost.learned import LearnedCostModel
+
+        model = LearnedCostModel(model, program.graph, **_learned_options(spec))
+    return model
+
+
+def search_schedule(graph, scheduler: str, cost, **kwargs):
+    """``schedule_graph``, or for a learned cost model its active search (picks measured, model refit, again)."""
+    from passes.cost.learned import LearnedCostModel
+    from passes.schedulers import schedule_graph
+
+    if isinstance(cost, LearnedCostModel):
+        from passes.schedulers.active import active_search
+
+        sched = active_search(graph, scheduler, cost, rounds=cost.rounds, **kwargs)
+    else:
+        sched = schedule_graph(graph, scheduler, cost, **kwargs)
+    if hasattr(cost, "stats"):
+        sched.search.update(cost.stats())
+    return sched
+
+
+def _learned_options(spec: str) -> dict:
+    """Options of ``learned:rounds=4,seed_stages=48`` as LearnedCostModel keyword arguments."""
     _, _, arg = spec.partition(":")
-    model_keys, search_keys = ("seed_stages", "trees", "depth", "seed"), ("rounds",)
+    keys = ("rounds", "seed_stages", "trees", "depth", "seed")
     out = {}
     for part in filter(None, arg.split(",")):
         k, _, v = part.partition("=")
         k = k.strip()
-        if k not in model_keys + search_keys or not v.strip().isdigit() or int(v) < 1:
+        if k not in keys or not v.strip().isdigit() or int(v) < 1:
             raise InteropError(f"bad learned cost option {part!r}: use learned:rounds=N,seed_stages=N,trees=N,"
                                "depth=N,seed=N with integers >= 1")
-        if (k in search_keys) == rounds:
-            out[k] = int(v)
+        out[k] = int(v)
     return out
 
 

@@ -78,12 +78,14 @@ class LearnedCostModel(CostModel):
 
     ``graph``: the model's OpGraph, used to draw the seed stages (``seed_stages`` of them, plus the multi-group
     stages of list schedules at 2..4 streams). ``trees``/``depth``: the booster's size (small: the training set
-    is a few hundred stages). ``seed``: the sampling seed.
+    is a few hundred stages). ``seed``: the sampling seed. ``rounds``: how many search-and-measure rounds
+    ``tvm_interop.api.search_schedule`` runs with this model (``active_search``).
     """
 
     def __init__(self, measured: CostModel, graph: OpGraph | None = None, seed_stages: int = 48,
-                 trees: int = 120, depth: int = 3, seed: int = 0, cores: int | None = None):
+                 trees: int = 120, depth: int = 3, seed: int = 0, cores: int | None = None, rounds: int = 4):
         self.measured = measured
+        self.rounds = rounds
         self.name = "learned"
         self.cores = cores or _cores()
         self.trees, self.depth, self.seed = trees, depth, seed

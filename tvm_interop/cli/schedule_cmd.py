@@ -26,7 +26,11 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--scheduler", default="ios", choices=SCHEDULERS, help="scheduler (default ios)")
     p.add_argument("--cost", default="sim:h100",
-                   help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | measured... (default sim:h100)")
+                   help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | table:FILE | measured (stages "
+                        "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
+                        "(default sim:h100)")
+    p.add_argument("--cost-cache", default=None,
+                   help="measured/learned: persistent cache of stage timings (default: the user cache directory)")
     p.add_argument("--r", type=_limit, default=None, metavar="R",
                    help="ios: max units per group (default 3; 'none' = unbounded)")
     p.add_argument("--s", type=_limit, default=None, metavar="S",
@@ -116,18 +120,35 @@ def load_graph(args):
 
 def run(args) -> int:
     from passes.cost import get_cost_model
-    from passes.schedulers import schedule_graph
+    from runtime.errors import InteropError
+
+    from tvm_interop.api import is_timed_cost, search_schedule
 
     status(args, f"loading {args.model} (batch {args.batch}) ...")
     t0 = time.perf_counter()
-    graph = load_graph(args)
+    timed = is_timed_cost(args.cost)
+    if timed:  # stage costs come from the model's real kernels: prepare (legalize, fuse, CPU schedules) them
+        if args.model.startswith("synthetic:"):
+            raise InteropError(f"--cost {args.cost} times real kernels; synthetic graphs have none (use sim:...)")
+        from tvm_interop.api import load_module, prepare_program, timed_cost_model
+
+        mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+        program = prepare_program(mod, "llvm", name=name)
+        graph = program.graph
+        cost = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch)
+    else:
+        graph = load_graph(args)
+        cost = get_cost_model(args.cost)
     load_s = time.perf_counter() - t0
-    cost = get_cost_model(args.cost)
     opts = scheduler_options(args)
     status(args, f"scheduling {len(graph)} units with {args.scheduler} under {cost.device_fingerprint} ...")
     t1 = time.perf_counter()
-    sched = schedule_graph(graph, args.scheduler, cost, model_name=_model_name(args, graph), batch=args.batch,
-                           **opts)
+    try:
+        sched = search_schedule(graph, args.scheduler, cost, model_name=_model_name(args, graph), batch=args.batch,
+                                **opts)
+    finally:
+        if timed:
+            cost.close()
     wall = time.perf_counter() - t1
     if args.output:
         sched.save(args.output)
@@ -148,7 +169,8 @@ def run(args) -> int:
         "max_concurrency": sched.max_concurrency(),
         "merge_stages": sum(1 for s in sched.stages if s.strategy == "merge"),
         "devices_used": len(set(sched.unit_devices.values())) if sched.unit_devices else 1,
-        "search": {k: search.get(k) for k in ("states", "transitions", "stages_costed", "seconds")},
+        "search": {k: search.get(k) for k in ("states", "transitions", "stages_costed", "seconds", "measurements",
+                                              "cache_hits", "active_rounds", "learned_cv_error") if k in search},
         "load_seconds": load_s,
         "schedule_seconds": wall,
         "output": args.output,
@@ -163,7 +185,11 @@ def run(args) -> int:
           f"{summary['merge_stages']} merge stages")
     st = summary["search"]
     print(f"search: {st['states']} states, {st['transitions']} transitions, {st['stages_costed']} stage costs, "
-          f"{wall:.2f} s")
+          f"{wall:.2f} s" + (f"; {st['measurements']} stages timed, {st['cache_hits']} from the cache"
+                             if "measurements" in st else ""))
+    for r in st.get("active_rounds", []):
+        print(f"  learned round {r['round']}: predicted {r['predicted_ms']:.3f} ms, measured {r['measured_ms']:.3f} ms, "
+              f"{r['new_stages_measured']} stages newly timed")
     if args.stages:
         print(sched.describe())
     if args.output:
