@@ -12,7 +12,8 @@ from tvm import relax
 
 def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: int = 8,
              max_block_size: int | None = None, **scheduler_options) -> tvm.transform.Pass:
-    """A module pass that schedules and lowers; use it as ``relax_pipeline`` of ``tvm.compile``."""
+    """A module pass that schedules and lowers; use it as ``relax_pipeline`` of ``tvm.compile``. ``cost`` takes
+    every spec ``tvm_interop.compile`` takes, the timed ones (``measured``, ``learned``) included."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_interop.Schedule")
     def _schedule_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -20,7 +21,7 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
         from .lower_streams import lower_to_relax
         from .prepare import prepare
         from .schedule import Schedule
-        from .schedulers import schedule_graph
+        from .search import is_timed_cost, search_schedule, timed_cost_model
 
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         program = extract(prepare(mod, target))
@@ -31,8 +32,14 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
             opts = dict(scheduler_options)
             if scheduler == "greedy":
                 opts.setdefault("max_streams", max_streams)
-            sched = schedule_graph(program.graph, scheduler, cost if cost is not None else _default_cost(target),
-                                   max_block_size=max_block_size, **opts)
+            spec = cost if cost is not None else _default_cost(target)
+            timed = is_timed_cost(spec)
+            model = timed_cost_model(program, target, spec) if timed else spec
+            try:
+                sched = search_schedule(program.graph, scheduler, model, max_block_size=max_block_size, **opts)
+            finally:
+                if timed:
+                    model.close()
         from .merge import apply_merges
 
         program, built = apply_merges(program, sched, target=target)

@@ -32,3 +32,12 @@ def test_pipeline_pass_attaches_schedule(branchy_model):
     sched = json.loads(str(captured["mod"].attrs["tvm_interop.schedule"]))
     assert sched["scheduler"] == "sequential"
     assert len(sched["stages"]) == len(sched["units"])
+
+
+def test_pipeline_pass_with_learned_cost(branchy_model, branchy_input, branchy_reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_INTEROP_CACHE", str(tmp_path))  # the timed cost model's cache goes here
+    ex = tvm.compile(branchy_model, "llvm", relax_pipeline=pipeline(scheduler="ios", cost="learned:rounds=2"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(branchy_input)).numpy()
+    np.testing.assert_allclose(out, branchy_reference, rtol=1e-4, atol=1e-4)
+    assert (tmp_path / "cost-cache.json").exists()

@@ -176,6 +176,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         timings["tuning_db"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
+    from passes.search import is_timed_cost, search_schedule, timed_cost_model
+
     measured = is_timed_cost(cost)
     if schedule is not None:
         sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
@@ -185,9 +187,6 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if cost is None:
             cost = _default_cost(device_kind)
         cost_spec = cost
-        if measured and device_kind != "cpu":
-            raise InteropError(f"cost={cost!r} times kernels on this machine's CPU; for a GPU target measure on the "
-                               "GPU with a profiling bundle (tvm-interop profile-bundle, then cost='table:FILE')")
         if measured:
             cost = cost_model = timed_cost_model(program, target, cost_spec, cache=cost_cache, batch=batch_size)
         opts = dict(scheduler_options or {})
@@ -265,55 +264,6 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
-
-
-def is_timed_cost(spec) -> bool:
-    """True for the cost specs that time real kernels on this machine: ``measured`` and ``learned[:options]``."""
-    return isinstance(spec, str) and spec.partition(":")[0] in ("measured", "learned")
-
-
-def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1):
-    """The cost model for ``measured`` (every stage timed) or ``learned[:options]`` (XGBoost on timed stages, see
-    ``passes.cost.learned``) over ``program``'s kernels."""
-    from passes.cost.measured import MeasuredCostModel
-
-    model = MeasuredCostModel(program, target, cache=cache, batch=batch)
-    if spec.partition(":")[0] == "learned":
-        from passes.cost.learned import LearnedCostModel
-
-        model = LearnedCostModel(model, program.graph, **_learned_options(spec))
-    return model
-
-
-def search_schedule(graph, scheduler: str, cost, **kwargs):
-    """``schedule_graph``, or for a learned cost model its active search (picks measured, model refit, again)."""
-    from passes.cost.learned import LearnedCostModel
-    from passes.schedulers import schedule_graph
-
-    if isinstance(cost, LearnedCostModel):
-        from passes.schedulers.active import active_search
-
-        sched = active_search(graph, scheduler, cost, rounds=cost.rounds, **kwargs)
-    else:
-        sched = schedule_graph(graph, scheduler, cost, **kwargs)
-    if hasattr(cost, "stats"):
-        sched.search.update(cost.stats())
-    return sched
-
-
-def _learned_options(spec: str) -> dict:
-    """Options of ``learned:rounds=4,seed_stages=48`` as LearnedCostModel keyword arguments."""
-    _, _, arg = spec.partition(":")
-    keys = ("rounds", "seed_stages", "trees", "depth", "seed")
-    out = {}
-    for part in filter(None, arg.split(",")):
-        k, _, v = part.partition("=")
-        k = k.strip()
-        if k not in keys or not v.strip().isdigit() or int(v) < 1:
-            raise InteropError(f"bad learned cost option {part!r}: use learned:rounds=N,seed_stages=N,trees=N,"
-                               "depth=N,seed=N with integers >= 1")
-        out[k] = int(v)
-    return out
 
 
 def _default_cost(device_kind: str):

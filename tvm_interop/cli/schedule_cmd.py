@@ -122,7 +122,7 @@ def run(args) -> int:
     from passes.cost import get_cost_model
     from runtime.errors import InteropError
 
-    from tvm_interop.api import is_timed_cost, search_schedule
+    from passes.search import is_timed_cost, search_schedule, timed_cost_model
 
     status(args, f"loading {args.model} (batch {args.batch}) ...")
     t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def run(args) -> int:
     if timed:  # stage costs come from the model's real kernels: prepare (legalize, fuse, CPU schedules) them
         if args.model.startswith("synthetic:"):
             raise InteropError(f"--cost {args.cost} times real kernels; synthetic graphs have none (use sim:...)")
-        from tvm_interop.api import load_module, prepare_program, timed_cost_model
+        from tvm_interop.api import load_module, prepare_program
 
         mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
         program = prepare_program(mod, "llvm", name=name)
