@@ -79,7 +79,7 @@ class LearnedCostModel(CostModel):
     ``graph``: the model's OpGraph, used to draw the seed stages (``seed_stages`` of them, plus the multi-group
     stages of list schedules at 2..4 streams). ``trees``/``depth``: the booster's size (small: the training set
     is a few hundred stages). ``seed``: the sampling seed. ``rounds``: how many search-and-measure rounds
-    ``tvm_interop.api.search_schedule`` runs with this model (``active_search``).
+    ``passes.search.search_schedule`` runs with this model (``active_search``).
     """
 
     def __init__(self, measured: CostModel, graph: OpGraph | None = None, seed_stages: int = 48,
@@ -119,7 +119,8 @@ class LearnedCostModel(CostModel):
         return tuple(sorted(tuple(u.name for u in g) for g in groups))
 
     def is_measured(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> bool:
-        """True when the stage's latency is a measurement (units alone, merges, measured stages)."""
+        """True when the stage is costed from measurements only: a merge, one group (its units alone, summed), or
+        a measured concurrent stage."""
         groups = [g for g in groups if len(g)]
         if strategy == "merge" or len(groups) <= 1:
             return True
