@@ -20,7 +20,8 @@ def conv(name: str, cout: int, hw: int, cin: int = 64, k: int = 3, batch: int = 
     inp = TensorInfo((batch, cin, hw, hw))
     w = TensorInfo((cout, cin, k, k))
     return Unit(name, "conv2d", [inp, w], [out], flops=2.0 * out.numel * cin * k * k,
-                bytes_moved=float(inp.nbytes + w.nbytes + out.nbytes), attrs={"data": data, "groups": 1})
+                bytes_moved=float(inp.nbytes + w.nbytes + out.nbytes),
+                attrs={"data": data, "groups": 1, "weight_shape": [cout, cin, k, k]})
 
 
 def eltwise(name: str, shape: tuple[int, ...]) -> Unit:
@@ -179,6 +180,18 @@ def test_merge_is_one_larger_kernel(device):
     assert merged == pytest.approx(sp.launch + d)
     assert merged < sum(device.unit_latency(u) for u in us)
     assert device.stage_latency([[us[0]]], "merge") == pytest.approx(device.unit_latency(us[0]))
+
+
+def test_merge_pays_for_padding_smaller_kernels(device):
+    """passes.merge zero-pads a 1x1 kernel to 3x3: the merged kernel does the 1x1's work nine times over."""
+    from passes.cost.simulated import merged_flops
+
+    one, three = conv("a", 64, 28, k=1), conv("b", 64, 28, k=3)
+    assert merged_flops([one, three]) == pytest.approx(9 * one.flops + three.flops)
+    assert merged_flops([one, conv("c", 32, 28, k=1)]) == pytest.approx(one.flops + 32 / 64 * one.flops)
+    padded = device.stage_latency([[one], [three]], "merge")
+    as_if_unpadded = device.spec.launch + device.merged_kernel([one, replace(three, attrs={})])[0]
+    assert padded >= as_if_unpadded
 
 
 def test_fluid_sees_colliding_chains():

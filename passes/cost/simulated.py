@@ -49,9 +49,9 @@ bandwidth per second, which can let the other groups finish sooner), so it is no
 satisfy the bounds above.
 
 Merge stage (``strategy="merge"``): the operators become one larger kernel: FLOPs and output elements summed,
-the shared input read once (``bytes = sum bytes_i - (k - 1) * input bytes``), a single launch. (The merged
-kernel of convolutions with different kernel sizes is padded to the largest one when lowered; that extra work
-is not modelled.)
+the shared input read once (``bytes = sum bytes_i - (k - 1) * input bytes``), a single launch. Convolutions
+with different kernel sizes are zero-padded to the largest one when lowered (``passes.merge``), so each one's
+FLOPs are scaled by ``largest kernel area / its kernel area`` (a 1x1 merged with a 3x3 does 9x its work).
 
 Presets (``PRESETS``; "sustained" = datasheet x an efficiency a tuned TVM kernel plausibly reaches):
 
@@ -226,7 +226,7 @@ class SimulatedDevice(CostModel):
 
     def merged_kernel(self, units: Sequence[Unit]) -> _Kernel:
         """One kernel doing the work of ``units``, which read the same input tensor (read once)."""
-        flops = sum(u.flops for u in units)
+        flops = merged_flops(units)
         shared = units[0].inputs[0].nbytes if units[0].inputs else 0
         out_bytes = sum(t.nbytes for u in units for t in u.outputs)
         nbytes = max(float(out_bytes), sum(_unit_bytes(u) for u in units) - (len(units) - 1) * shared)
@@ -295,6 +295,18 @@ def _work_items(unit: Unit) -> float:
     if w <= 0:
         w = max(1.0, _unit_bytes(unit) / 4.0)
     return float(w)
+
+
+def merged_flops(units: Sequence[Unit]) -> float:
+    """FLOPs of the merged kernel of ``units``: convolutions (``attrs["weight_shape"]`` = O, I, kh, kw) are padded
+    to the largest kernel height and width, so each does ``flops * (kh_max * kw_max) / (kh * kw)``; units
+    without a 4-d weight shape count their own FLOPs."""
+    shapes = [u.attrs.get("weight_shape") for u in units]
+    if not all(isinstance(w, (list, tuple)) and len(w) == 4 for w in shapes):
+        return float(sum(u.flops for u in units))
+    kh = max(int(w[2]) for w in shapes)
+    kw = max(int(w[3]) for w in shapes)
+    return float(sum(u.flops * (kh * kw) / max(1, int(w[2]) * int(w[3])) for u, w in zip(units, shapes)))
 
 
 def _unit_bytes(unit: Unit) -> float:
