@@ -79,3 +79,19 @@ def test_schedule_with_timed_costs(tmp_path, capsys):
 def test_schedule_timed_cost_needs_real_kernels(capsys):
     assert main(["schedule", "synthetic:inception_v3", "--cost", "measured"]) != 0
     assert "synthetic graphs have none" in capsys.readouterr().err
+
+
+def test_progress_logging_shows_long_work_on_stderr(capsys):
+    import argparse
+    import logging
+
+    from tvm_interop.cli.common import progress_logging
+
+    log = logging.getLogger("passes.schedulers.active")
+    with progress_logging(argparse.Namespace(quiet=False, json=False, verbose=False), force=True):
+        log.info("learned search round %d", 1)
+    log.info("not shown after the block")
+    with progress_logging(argparse.Namespace(quiet=True, json=False, verbose=False), force=True):
+        log.info("not shown with --quiet")
+    err = capsys.readouterr().err
+    assert "learned search round 1" in err and "not shown" not in err

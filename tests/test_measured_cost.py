@@ -38,6 +38,19 @@ def test_measures_units_and_stages_and_caches(program, tmp_path):
     again.close()
 
 
+def test_long_measurement_reports_progress(program, tmp_path, caplog):
+    import logging
+
+    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
+    cost.PROGRESS_SECONDS = 0.0  # report after every timing
+    with caplog.at_level(logging.INFO, logger="passes.cost.measured"):
+        for u in program.graph.units[:3]:
+            cost.unit_latency(u)
+    cost.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "passes.cost.measured"]
+    assert lines and "stages timed in" in lines[-1]
+
+
 def test_foreign_cache_is_refused(tmp_path):
     p = tmp_path / "cc.json"
     p.write_text(json.dumps({"format": "tvm-interop-cost-cache", "version": 1, "device": "cpu:Other CPU:64cores",

@@ -43,6 +43,8 @@ class MeasuredCostModel(CostModel):
     CostCache, or None for the default location; ``use_cache=False`` measures everything afresh.
     """
 
+    PROGRESS_SECONDS = 10.0
+
     def __init__(self, program, target: "str | tvm.target.Target" = "llvm", cache=None, use_cache: bool = True,
                  warmup: int = 2, repeat: int = 7, library=None, batch: int | None = None):
         self.program = program
@@ -67,6 +69,7 @@ class MeasuredCostModel(CostModel):
         self._merged_calls: dict[tuple, list] = {}      # merge key -> [KernelCall] (merged conv, split)
         self._merged_libs: list = []
         self.merged_builds = 0
+        self._last_report = 0.0
 
     @property
     def device_fingerprint(self) -> str:
@@ -122,8 +125,18 @@ class MeasuredCostModel(CostModel):
             value = self._timer_ready().time_stage([[self._call(u) for u in g] for g in groups])
             if self.cache is not None:
                 self.cache.put(cache_key, value)
+            self._report_progress()
         self._memo[key] = value
         return value
+
+    def _report_progress(self) -> None:
+        """A log line every ``PROGRESS_SECONDS`` of timing: a measured search can run for minutes, and the CLI
+        shows these lines as its progress."""
+        spent = self.seconds_spent
+        if spent - self._last_report >= self.PROGRESS_SECONDS:
+            self._last_report = spent
+            log.info("measured cost: %d stages timed in %.0f s (%d from the cache)", self.measurements, spent,
+                     self.cache_hits)
 
     # ------------------------------------------------------------------ merge stages
     def _merge_latency(self, units: Sequence[Unit]) -> float:

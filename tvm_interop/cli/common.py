@@ -1,8 +1,13 @@
 """Arguments and output helpers shared by the sub-commands."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
+
+# loggers whose INFO lines are the progress of long compile-time work (timed searches, the guard)
+PROGRESS_LOGGERS = ("passes.cost.measured", "passes.cost.learned", "passes.schedulers.active", "tvm_interop")
 
 
 def add_model_args(p) -> None:
@@ -23,3 +28,30 @@ def status(args, message: str) -> None:
         return
     if sys.stderr.isatty():
         print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress_logging(args, force: bool = False):
+    """Show the INFO lines of :data:`PROGRESS_LOGGERS` on stderr while the block runs (a measured search or a
+    learned search's rounds take minutes). Same rule as :func:`status`: not with --quiet / --json, and only on a
+    terminal unless ``force``; with --verbose every INFO line is already shown."""
+    show = force or sys.stderr.isatty()
+    if getattr(args, "quiet", False) or getattr(args, "json", False) or getattr(args, "verbose", False) or not show:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("  %(message)s"))
+    handler.setLevel(logging.INFO)
+    saved = []
+    for name in PROGRESS_LOGGERS:
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.level))
+        if lg.getEffectiveLevel() > logging.INFO:
+            lg.setLevel(logging.INFO)
+        lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for lg, level in saved:
+            lg.removeHandler(handler)
+            lg.setLevel(level)

@@ -1,7 +1,7 @@
 """``tvm-interop compile``: model in, scheduled deployable .so (and schedule JSON) out."""
 from __future__ import annotations
 
-from .common import add_model_args, print_json, status
+from .common import add_model_args, print_json, progress_logging, status
 
 
 def register(sub) -> None:
@@ -11,7 +11,10 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
     p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios (default greedy)")
-    p.add_argument("--cost", default=None, help="cost model for the scheduler, e.g. sim:cpu, sim:h100")
+    p.add_argument("--cost", default=None,
+                   help="cost model for the scheduler: sim:cpu | sim:h100 | ... | table:FILE | measured (stages timed "
+                        "on this CPU) | learned[:rounds=N] (XGBoost on timed stages); timed costs turn the "
+                        "never-slower guard on")
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
@@ -28,10 +31,11 @@ def run(args) -> int:
     import tvm_interop
 
     status(args, f"compiling {args.model} for {args.target} with scheduler {args.scheduler} ...")
-    cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
-                             schedule=args.schedule, mode=args.mode, batch_size=args.batch,
-                             image_size=args.image_size, width=args.width, max_streams=args.max_streams,
-                             tuning_db=args.tuning_db)
+    with progress_logging(args):
+        cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
+                                 schedule=args.schedule, mode=args.mode, batch_size=args.batch,
+                                 image_size=args.image_size, width=args.width, max_streams=args.max_streams,
+                                 tuning_db=args.tuning_db)
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from .common import add_model_args, print_json, status
+from .common import add_model_args, print_json, progress_logging, status
 
 SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive")
 
@@ -144,8 +144,9 @@ def run(args) -> int:
     status(args, f"scheduling {len(graph)} units with {args.scheduler} under {cost.device_fingerprint} ...")
     t1 = time.perf_counter()
     try:
-        sched = search_schedule(graph, args.scheduler, cost, model_name=_model_name(args, graph), batch=args.batch,
-                                **opts)
+        with progress_logging(args):
+            sched = search_schedule(graph, args.scheduler, cost, model_name=_model_name(args, graph),
+                                    batch=args.batch, **opts)
     finally:
         if timed:
             cost.close()
