@@ -105,3 +105,14 @@ def test_compile_with_measured_cost_and_guard(branchy_model, branchy_input, bran
     assert cm.schedule.scheduler == ("greedy" if cm.guard.keep_schedule else "sequential")
     np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4)
     cm.close()
+
+
+def test_guard_ships_the_faster_median():
+    from passes.guard import decide
+
+    seq = [10.0, 10.5, 11.0, 12.0, 9.5]
+    slower_within_noise = decide({"scheduled": [x * 1.03 for x in seq], "sequential": seq})
+    assert not slower_within_noise.keep_schedule and slower_within_noise.noise > 0.03
+    faster = decide({"scheduled": [x * 0.97 for x in seq], "sequential": seq})
+    assert faster.keep_schedule and faster.scheduled_ms < faster.sequential_ms
+    assert decide({"scheduled": seq, "sequential": seq}).keep_schedule  # a tie keeps the schedule

@@ -253,8 +253,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             plan, library = (seq_plan, seq_library) if merged else build(sched)
             built.update(program=program, schedule=seq)
         else:
-            log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms: keeping the schedule",
-                     sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms)
+            log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms (noise %.1f%%): keeping the schedule",
+                     sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms, guard_result.noise * 100)
         timings["guard"] = time.perf_counter() - t
     runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers,
                             plan=plan)

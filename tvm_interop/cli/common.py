@@ -45,13 +45,15 @@ def progress_logging(args, force: bool = False):
     saved = []
     for name in PROGRESS_LOGGERS:
         lg = logging.getLogger(name)
-        saved.append((lg, lg.level))
+        saved.append((lg, lg.level, lg.propagate))
         if lg.getEffectiveLevel() > logging.INFO:
             lg.setLevel(logging.INFO)
+        lg.propagate = False  # shown once, by this handler, not again by the root logger's
         lg.addHandler(handler)
     try:
         yield
     finally:
-        for lg, level in saved:
+        for lg, level, propagate in saved:
             lg.removeHandler(handler)
             lg.setLevel(level)
+            lg.propagate = propagate
