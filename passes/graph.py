@@ -148,6 +148,22 @@ class OpGraph:
     def succ_masks(self) -> list[int]:
         return [sum(1 << j for j in s) for s in self.succs]
 
+    def ancestor_masks(self) -> list[int]:
+        """Bit masks of every unit each unit depends on, transitively (units are in topological order)."""
+        anc = [0] * len(self.units)
+        for i, preds in enumerate(self.preds):
+            for p in preds:
+                anc[i] |= anc[p] | (1 << p)
+        return anc
+
+    def descendant_masks(self) -> list[int]:
+        """Bit masks of every unit reachable from each unit (units are in topological order)."""
+        desc = [0] * len(self.units)
+        for i in reversed(range(len(self.units))):
+            for s in self.succs[i]:
+                desc[i] |= desc[s] | (1 << s)
+        return desc
+
     def is_weakly_connected(self) -> bool:
         if not self.units:
             return True

@@ -16,18 +16,7 @@ def cut_points(graph: OpGraph) -> list[int]:
     """Indices (topological) of the units comparable with every other unit."""
     n = len(graph)
     full = (1 << n) - 1
-    anc = [0] * n
-    for i in range(n):
-        m = 0
-        for p in graph.preds[i]:
-            m |= anc[p] | (1 << p)
-        anc[i] = m
-    desc = [0] * n
-    for i in reversed(range(n)):
-        m = 0
-        for s in graph.succs[i]:
-            m |= desc[s] | (1 << s)
-        desc[i] = m
+    anc, desc = graph.ancestor_masks(), graph.descendant_masks()
     return [i for i in range(n) if (anc[i] | desc[i] | (1 << i)) == full]
 
 

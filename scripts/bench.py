@@ -48,6 +48,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tvm_interop  # noqa: E402
+from runtime.errors import InteropError  # noqa: E402
+from tvm_interop.cli.common import parse_tuning_databases  # noqa: E402
 from tvm_interop.models import MODELS, get_model  # noqa: E402
 
 # An output further than this from plain TVM's is flagged MISMATCH. The tests hold the exports to 1e-4 at small
@@ -497,13 +499,10 @@ def main(argv=None) -> int:
         ap.error(f"unknown scheduler(s) {bad}; available: {', '.join(available_schedulers())}")
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
-    tuned = {}
-    for item in args.tuned:
-        model, sep, path = item.partition("=")
-        if not sep or not os.path.isdir(path):
-            ap.error(f"--tuned wants MODEL=DIR with an existing tuning database directory, got {item!r}")
-        tuned[model] = path
-    args.tuned = tuned
+    try:
+        args.tuned = parse_tuning_databases(args.tuned)
+    except InteropError as e:
+        ap.error(str(e))
     if args.target == "native":
         import tvm
 

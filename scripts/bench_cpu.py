@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tvm  # noqa: E402
 
 import tvm_interop  # noqa: E402
+from runtime.errors import InteropError  # noqa: E402
+from tvm_interop.cli.common import parse_tuning_databases  # noqa: E402
 from passes.schedulers import available_schedulers  # noqa: E402
 
 CONFIGS = {  # per model: width, image size chosen so one run stays well under a second with default kernels
@@ -208,12 +210,10 @@ def main() -> int:
     schedulers = [s for s in args.schedulers.split(",") if s.partition(":")[0] in available_schedulers()]
     if "sequential" not in schedulers:
         schedulers.insert(0, "sequential")  # the baseline of every ratio
-    tuned = {}
-    for item in args.tuned:
-        model, sep, path = item.partition("=")
-        if not sep or not os.path.isdir(path):
-            ap.error(f"--tuned wants MODEL=DIR with an existing tuning database directory, got {item!r}")
-        tuned[model] = path
+    try:
+        tuned = parse_tuning_databases(args.tuned)
+    except InteropError as e:
+        ap.error(str(e))
     info = machine()
     results = []
     for name in args.models:

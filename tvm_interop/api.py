@@ -186,9 +186,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     else:
         if cost is None:
             cost = _default_cost(device_kind)
-        cost_spec = cost
         if measured:
-            cost = cost_model = timed_cost_model(program, target, cost_spec, cache=cost_cache, batch=batch_size)
+            cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
         opts = dict(scheduler_options or {})
         if scheduler in ("greedy",):
             opts.setdefault("max_streams", max_streams)

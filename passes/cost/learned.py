@@ -267,7 +267,7 @@ class LearnedCostModel(CostModel):
     def _random_antichains(self, graph: OpGraph) -> list[list[list[Unit]]]:
         n = len(graph.units)
         rng = random.Random(self.seed)
-        reach = _reachability(graph)
+        reach = graph.descendant_masks()
         out, seen, tries = [], set(), 0
         while len(out) < self.seed_stages and tries < 20 * self.seed_stages:
             tries += 1
@@ -351,18 +351,6 @@ class TreeEnsemble:
             right = x[self.feat[self._rows, pos]] >= self.thr[self._rows, pos]
             pos = 2 * pos + 1 + right
         return self.base + float(self.leaf[self._rows, pos - ((1 << self.depth) - 1)].sum())
-
-
-def _reachability(graph: OpGraph) -> list[int]:
-    """Bit mask of the units reachable from each unit (graph units are in topological order)."""
-    n = len(graph.units)
-    reach = [0] * n
-    for i in reversed(range(n)):
-        m = 0
-        for s in graph.succs[i]:
-            m |= reach[s] | (1 << s)
-        reach[i] = m
-    return reach
 
 
 def _factory(**kwargs) -> CostModel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 
 # loggers whose INFO lines are the progress of long compile-time work (timed searches, the guard)
@@ -15,6 +16,19 @@ def add_model_args(p) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--image-size", type=int, default=None, help="input height/width (default: the model's)")
     p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier for zoo models (default 1.0)")
+
+
+def parse_tuning_databases(items: list[str]) -> dict[str, str]:
+    """``MODEL=DIR`` pairs (a ``--tuned`` option given several times) as {model: tuning database directory}."""
+    from runtime.errors import InteropError
+
+    out = {}
+    for item in items:
+        model, sep, path = item.partition("=")
+        if not sep or not os.path.isdir(path):
+            raise InteropError(f"--tuned wants MODEL=DIR with an existing tuning database directory, got {item!r}")
+        out[model] = path
+    return out
 
 
 def print_json(obj) -> None:
