@@ -47,10 +47,12 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
 
     CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
-    ``cuda_graph``); it needs no GPU. ``check_memory`` runs ``passes.stream_memory.check_stream_memory_safety`` on
-    the planned program and refuses to build an unsafe one. What was decided (streams, CUDA graph and why not) is
-    recorded in ``plan.meta`` before the plan is embedded.
+    ``cuda_graph``); it needs no GPU. ``check_memory``: the stream memory check runs *inside* the build's
+    pipeline, on the IR it compiles (``passes.as_built``), and the build raises :class:`InteropError` for an
+    unsafe program. What was decided (streams, CUDA graph and why not, the memory check) is recorded in
+    ``plan.meta`` before the plan is embedded.
     """
+    from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
     from .cuda_build import build_cuda, graph_feasibility, normalize_target
     from .lower_streams import lower_program
 
@@ -66,20 +68,39 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
             log.warning("CUDA graph not possible for this program, using direct launches: %s", why)
             reason = why
             low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=False)
-    if check_memory:
-        from .stream_memory import check_lowered
+    checked = MemoryCheckResult()
 
-        t1 = time.perf_counter()
-        check_lowered(low.mod).raise_if_unsafe()
-        log.info("build: stream memory safety checked in %.2f s", time.perf_counter() - t1)
-    plan.meta.update({"num_streams": low.num_streams, "cuda_graph": bool(low.cuda_graph),
-                      "cuda_graph_reason": reason if cuda_graph else None})
-    lowered = attach_runtime_payload(low.mod, program, plan)
-    if is_cuda:
-        ex, report = build_cuda(lowered, target, cuda_graph=low.cuda_graph)
-        if low.cuda_graph and not report.cuda_graph:  # pragma: no cover - graph_feasibility said yes
-            log.warning("CUDA graph rewrite disagreed with the feasibility check: %s", report.reason)
-    else:
-        ex = tvm.compile(lowered, target)
+    def compile_lowered(lowered_low):
+        plan.meta.update({"num_streams": lowered_low.num_streams, "cuda_graph": bool(lowered_low.cuda_graph),
+                          "cuda_graph_reason": reason if cuda_graph else None,
+                          "memory_check": "as-built IR, after KillAfterLastUse" if check_memory else "off"})
+        lowered = attach_runtime_payload(lowered_low.mod, program, plan)
+        if is_cuda:
+            checks = [memory_check_pass(checked)] if check_memory else []
+            return build_cuda(lowered, target, cuda_graph=lowered_low.cuda_graph, after_kill=checks)
+        if check_memory:
+            return build_checked_cpu(lowered, target, checked), None
+        return tvm.compile(lowered, target), None
+
+    def compile_checked(lowered_low):
+        try:
+            return compile_lowered(lowered_low)
+        except Exception:
+            # the check raised inside TVM's pass infrastructure, which does not keep the exception's type
+            if checked.report is not None and not checked.report.ok:
+                checked.report.raise_if_unsafe()
+            raise
+
+    ex, report = compile_checked(low)
+    if report is not None and low.cuda_graph and not report.cuda_graph:
+        # The prediction said yes, the build's own rewrite said no: the graph function would run direct
+        # launches behind staging copies. Build again without it, and say why.
+        log.warning("CUDA graph rewrite disagreed with the feasibility check: %s", report.reason)
+        reason = report.reason
+        low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=False)
+        ex, report = compile_checked(low)
+    if check_memory:
+        log.info("build: as-built stream memory check passed for %s in %.2f s", ", ".join(checked.functions),
+                 checked.seconds)
     log.info("build: lowered and compiled %d units in %.2f s", len(program.graph), time.perf_counter() - t0)
     return ex

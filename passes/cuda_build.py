@@ -232,14 +232,17 @@ def rewrite_cuda_graph_for(func_names, report: CudaBuildReport, strict: bool = T
 
 
 def graph_feasibility(mod: tvm.IRModule, target=None, func: str = MAIN_GRAPH_FUNC) -> tuple[bool, str | None]:
-    """Would :func:`rewrite_cuda_graph_for` capture ``func`` as one graph? (Runs only memory planning and the
-    rewrite on a copy, no kernel compilation, so the answer can be recorded before building.)"""
-    from .stream_memory import plan_memory
-
+    """Would :func:`rewrite_cuda_graph_for` capture ``func`` as one graph? A cheap prediction (memory planning
+    and the rewrite on a copy, no kernel scheduling or compilation) so that a build can lower without the graph
+    variant up front; the build's own report is what counts (``passes.build`` rebuilds when they disagree)."""
     if not any(gv.name_hint == func for gv in mod.get_global_vars()):
         return False, f"the module has no {func}"
     report = CudaBuildReport(cuda_graph_requested=True)
-    planned = plan_memory(mod, target)
+    seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.ToNonDataflow(),
+                                    relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
+                                    relax.transform.StaticPlanBlockMemory()])
+    with normalize_target(target or "cuda"):
+        planned = seq(mod)
     rewrite_cuda_graph_for((func,), report)(planned)
     return report.cuda_graph, report.reason
 
@@ -286,10 +289,23 @@ def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport 
     return _pass
 
 
-def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
-                  report: CudaBuildReport | None = None, strict: bool = True) -> tvm.transform.Pass:
-    """TVM's default CUDA pipeline with RewriteCUDAGraph restricted to ``graph_funcs`` and DLight made robust
-    (:func:`robust_default_schedule`). ``graph_funcs=()``: no CUDA graph at all (plain TVM's default)."""
+KILL_PASS = "KillAfterLastUse"
+
+
+def insert_after(passes: list, name: str, extra) -> list:
+    """``passes`` with ``extra`` inserted right after the pass called ``name`` (which must be there)."""
+    names = [p.info.name for p in passes]
+    if name not in names:
+        raise InteropError(f"TVM's pipeline has no {name} pass (passes: {', '.join(names)})")
+    k = names.index(name) + 1
+    return passes[:k] + list(extra) + passes[k:]
+
+
+def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
+                         report: CudaBuildReport | None = None, strict: bool = True) -> list:
+    """The passes of TVM's default CUDA pipeline, in its order, with RewriteCUDAGraph restricted to
+    ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is added or left out.
+    ``passes.as_built`` inserts the memory check into this list, so the check sees what this build compiles."""
     from tvm.relax.backend.cuda import pipeline as cp
 
     report = report if report is not None else CudaBuildReport()
@@ -297,20 +313,29 @@ def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
                 for p in cp.finalize_passes(target)]
     legalize = [robust_default_schedule(target, report) if p.info.name == "ApplyDefaultSchedule" else p
                 for p in cp.legalize_passes(target)]
+    return cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
+
+
+def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
+                  report: CudaBuildReport | None = None, strict: bool = True, passes: list | None = None
+                  ) -> tvm.transform.Pass:
+    """TVM's default CUDA pipeline as :func:`cuda_pipeline_passes` (or the given ``passes``), run under the
+    target. ``graph_funcs=()``: no CUDA graph at all (plain TVM's default)."""
+    seq_passes = passes if passes is not None else cuda_pipeline_passes(target, graph_funcs, report, strict)
 
     @tvm.transform.module_pass(opt_level=0, name="InteropCUDAPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
-            seq = tvm.transform.Sequential(cp.library_dispatch_passes(target) + legalize
-                                           + cp.dataflow_lower_passes(target) + finalize)
-            return seq(mod)
+            return tvm.transform.Sequential(seq_passes)(mod)
 
     return _pipeline
 
 
-def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=None, strict: bool = True):
+def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=None, strict: bool = True,
+               after_kill: tuple = ()):
     """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``.
-    ``graph_funcs``: the functions to capture as CUDA graphs (default: the lowering's graph variant)."""
+    ``graph_funcs``: the functions to capture as CUDA graphs (default: the lowering's graph variant).
+    ``after_kill``: passes run right after ``KillAfterLastUse`` (the memory check of ``passes.as_built``)."""
     target = normalize_target(target)
     if target.kind.name != "cuda":
         raise InteropError(f"build_cuda needs a CUDA target, got {target.kind.name}")
@@ -322,7 +347,10 @@ def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=N
         graph_funcs = ()
     t0 = time.perf_counter()
     try:
-        ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, graph_funcs, report, strict))
+        passes = insert_after(cuda_pipeline_passes(target, graph_funcs, report, strict), KILL_PASS, after_kill)
+        ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, passes=passes))
+    except InteropError:
+        raise
     except Exception as e:  # noqa: BLE001 - nvcc / codegen errors come as several types
         msg = str(e).strip().splitlines()
         raise InteropError(f"CUDA build failed: {msg[-1] if msg else type(e).__name__}") from e

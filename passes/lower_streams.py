@@ -35,9 +35,10 @@ round-robin (same-stream work is ordered, so this stays correct).
 
 Memory (DESIGN.md): TVM's ``StaticPlanBlockMemory`` frees a tensor's storage after the tensor's last *use in
 program order* and hands it to the next allocation; with streams, that next kernel may run while the last user
-is still running on another stream. (A tuple binding of the tensors is *not* a use — the old "keep-alive
-tuple" was silently ignored.) So every tensor is kept alive, by passing it to a no-op host function
-(``__tvm_interop_keepaliveN``, a real call that the planner counts as a use), until its **release point**: the
+is still running on another stream. (A tuple binding of the tensors is *not* a use, and a call of a no-op
+PrimFunc is a *pure* call that FoldConstant and FuseTIR delete: both were tried, and the second raced on an
+H100.) So every tensor is kept alive, by passing it to an impure packed call (``runtime.cuda.KEEPALIVE_FUNC``),
+which the planner counts as a use and which no Relax pass may remove, until its **release point**: the
 first unit in issue order after which every unit issued *happens after* (by stream order and events) every
 unit that touches the tensor. It is computed with vector clocks over the issued stream program
 (:func:`release_points`), which covers both modes: in stage mode the release point is the first unit after the
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_PREFIX,
+from runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_FUNC,
                           MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
 from runtime.errors import InteropError, ScheduleError
 
@@ -440,12 +441,6 @@ def _current_stream_func() -> tirx.PrimFunc:
     return current_stream
 
 
-def _keepalive_func(n: int) -> tirx.PrimFunc:
-    params = [tirx.Var(f"t{i}", "handle") for i in range(n)]
-    f = tirx.PrimFunc(params, tirx.Evaluate(tirx.IntImm("int32", 0)))
-    return f.with_attrs({"tirx.is_host_func": True, "tirx.is_scheduled": True})
-
-
 @dataclass
 class Lowered:
     """What ``lower_program`` produced: the module, the stream programs of its functions, and decisions."""
@@ -470,7 +465,6 @@ class _Emitter:
         self.dev = _str(f"{device}:0")
         self.bb = relax.BlockBuilder()
         self._cur = None
-        self._keepalive: dict[int, relax.GlobalVar] = {}
         old_main = program.mod["main"]
         self.old_main = old_main
         self.old_bindings: dict[relax.Var, relax.Expr] = {}
@@ -493,10 +487,12 @@ class _Emitter:
             self._cur = self.bb.add_func(_current_stream_func(), self.prefix + CURRENT_STREAM_FUNC)
         return self._cur
 
-    def keepalive_gv(self, n: int):
-        if n not in self._keepalive:
-            self._keepalive[n] = self.bb.add_func(_keepalive_func(n), f"{self.prefix}{KEEPALIVE_PREFIX}{n}")
-        return self._keepalive[n]
+    def keepalive(self, tensors: list) -> relax.Call:
+        """A use of ``tensors`` that no pass may remove: a call of an external (packed) function is impure in
+        Relax, and dead-code elimination (run inside FoldConstant, FuseTIR, ...) only drops pure calls. The
+        callee, :data:`runtime.cuda.KEEPALIVE_FUNC`, packs the handles into a short-lived array: it exists in
+        every TVM runtime, touches no device memory, and can sit inside a captured CUDA graph."""
+        return relax.Call(relax.ExternFunc(KEEPALIVE_FUNC), list(tensors), ty_args=[relax.ObjectType()])
 
     # -------------------------------------------------------------- one scheduled function
     def emit_scheduled(self, name: str, sp: StreamProgram, staged: bool, n_streams: int):
@@ -565,8 +561,7 @@ class _Emitter:
                 elif o.kind == "release":
                     vs = list(dict.fromkeys(tensor(k) for k in o.tensors))
                     for c in range(0, len(vs), KEEPALIVE_CHUNK):
-                        chunk = vs[c:c + KEEPALIVE_CHUNK]
-                        bb.emit(relax.Call(self.keepalive_gv(len(chunk)), chunk), name_hint="keepalive")
+                        bb.emit(self.keepalive(vs[c:c + KEEPALIVE_CHUNK]), name_hint="keepalive")
                 elif o.unit.startswith(("__in", "__out")):
                     continue  # the input copies come first (above), the output copies last (below)
                 else:

@@ -1,8 +1,8 @@
 """Memory safety of stream-lowered programs, and their activation memory.
 
-:func:`check_stream_memory_safety` reads a **memory-planned** module (:func:`plan_memory` runs the passes that
-``tvm.compile`` runs up to planning: LegalizeOps, ToNonDataflow, RemovePurityChecking, CallTIRRewrite,
-StaticPlanBlockMemory) and proves, per Relax function, that the stream program never lets two kernels that may
+:func:`check_stream_memory_safety` reads a **memory-planned** module — the IR the build compiles, as
+:mod:`passes.as_built` produces it inside the build (TVM's pipeline for the target up to ``KillAfterLastUse``) —
+and proves, per Relax function, that the stream program never lets two kernels that may
 run at the same time touch the same memory. It knows nothing about how the program was lowered: it replays the
 bindings in order, tracking
 
@@ -11,24 +11,28 @@ bindings in order, tracking
   current-stream query, a ``StreamCreate`` result, or a literal handle, 0 being the caller's stream);
 * a **vector clock** per stream: ``runtime.Device_StreamSyncFromTo(dev, a, b)`` makes everything issued to ``a``
   so far happen before everything issued to ``b`` afterwards; kernels on one stream are ordered;
-* every kernel launch (a call to a device PrimFunc; host functions such as the keep-alive calls are not device
-  work) with the tensors it touches, each tensor resolved through aliases and tuples to its storage
-  (``R.memory.alloc_storage``) and byte range (``R.memory.alloc_tensor`` offset and size).
+* every kernel launch (a call to a device PrimFunc; host functions and packed calls such as the keep-alive
+  calls are uses, not device work) with the tensors it touches, each tensor resolved through aliases and tuples to its storage
+  (``R.memory.alloc_storage``) and byte range (``R.memory.alloc_tensor`` offset and size);
+* into CUDA graphs: the storage function of ``get_cached_alloc`` and the captured region of ``run_or_capture``
+  (the functions TVM's RewriteCUDAGraph lifts out) are replayed inline where they are called.
 
 Checks (each violation names both tensors, their kernels and streams):
 
 ``storage``  two tensors with overlapping bytes of one storage: every access of the earlier one must happen
              before every access of the later one.
 ``pool``     the VM's pooled allocator hands a freed storage to the next allocation of the same rounded size: a
-             storage allocated after another one died (its tensors and itself last used, in program order) is
-             treated as possibly the same memory, with the same rule.
+             storage allocated after another one died (its tensors and itself last used or killed —
+             ``KillAfterLastUse``'s ``kill_*`` calls are uses — in program order) is treated as possibly the
+             same memory, with the same rule. Storages of a CUDA graph (``get_cached_alloc``) live as long as
+             the VM and never return to the pool.
 ``data``     every access of a tensor happens after its first access (the kernel that writes it) — and after the
              caller's stream at entry for parameters: a missing event is reported even when memory is not reused.
 ``exit``     every kernel happens before the function returns on the caller's stream (the outputs are complete,
              and storages released at exit are not reused while a stream still runs).
 
-:func:`activation_memory` sums the ``alloc_storage`` sizes of a planned function; :func:`memory_report` compares
-the scheduled program with plain TVM's sequential one.
+:func:`activation_memory` sums the ``alloc_storage`` sizes of a planned function
+(:func:`passes.as_built.memory_report` compares the scheduled program with plain TVM's sequential one).
 """
 from __future__ import annotations
 
@@ -41,21 +45,9 @@ from runtime.cuda import CURRENT_STREAM_FUNC, MAIN_FUNC
 from runtime.errors import InteropError
 
 MAIN_STREAM = "main"
+GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
+RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 PAGE = 4096  # the pooled allocator's rounding
-
-
-def plan_memory(mod: tvm.IRModule, target=None) -> tvm.IRModule:
-    """Run the passes of ``tvm.compile`` up to (and including) StaticPlanBlockMemory."""
-    seq = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.ToNonDataflow(), relax.transform.RemovePurityChecking(),
-        relax.transform.CallTIRRewrite(), relax.transform.StaticPlanBlockMemory(),
-    ])
-    if target is not None:
-        from .lower_streams import target_of
-
-        with target_of(target):
-            return seq(mod)
-    return seq(mod)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -119,6 +111,7 @@ class _Storage:
     alloc_at: int
     tensors: list = field(default_factory=list)
     last_use: int = -1
+    static: bool = False   # cached for the life of the VM (CUDA-graph storage): never back in the pool
 
 
 class _Tup:
@@ -295,9 +288,11 @@ class _Replay:
                 self.env[var] = self.new_tensor(var.name, ("builtin", var.name, pos), 0, _nbytes_of(var.ty))
             elif name in ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset"):
                 self.env[var] = self.value_of(value.args[0])
+            elif name == "relax.call_builtin_with_ctx" and isinstance(value.args[0], relax.ExternFunc):
+                self.builtin(var, str(value.args[0].global_symbol), value.args[1])
             elif name == "relax.call_tir":
-                raise InteropError("check_stream_memory_safety needs the memory-planned module (call_tir left: run "
-                                   "passes.stream_memory.plan_memory first)")
+                raise InteropError("check_stream_memory_safety needs the memory-planned module (call_tir left: check "
+                                   "passes.as_built.as_built_ir(mod, target))")
             return
         if isinstance(op, relax.ExternFunc):
             sym = str(op.global_symbol)
@@ -322,6 +317,40 @@ class _Replay:
                 else:
                     self.issue(op.name_hint, value.args)
             return
+
+    def builtin(self, var, symbol: str, args) -> None:
+        """The two VM builtins through which TVM's RewriteCUDAGraph runs a program: ``get_cached_alloc(f, k)``
+        (``f`` allocates the static storages once per VM) and ``run_or_capture(f, args, k)`` (``f`` is the
+        captured region). Both are replayed inline, so the check follows the kernels into the graph."""
+        fields = list(args.fields) if isinstance(args, relax.Tuple) else []
+        if not fields or not isinstance(fields[0], relax.GlobalVar):
+            return
+        callee = self.mod[fields[0]] if fields[0] in self.mod.get_global_vars() else None
+        if not isinstance(callee, relax.Function):
+            return
+        if symbol == GET_CACHED_ALLOC:
+            first = len(self.storages)
+            result = self.inline(callee, [])
+            for st in list(self.storages.values())[first:]:
+                st.static = True
+            self.env[var] = result
+        elif symbol == RUN_OR_CAPTURE and len(fields) >= 2:
+            inner = fields[1]
+            call_args = list(inner.fields) if isinstance(inner, relax.Tuple) else [inner]
+            self.env[var] = self.inline(callee, [self.value_of(a) for a in call_args])
+
+    def inline(self, func: relax.Function, arg_values: list):
+        """Replay ``func``'s bindings here (same streams, clocks and positions) with its parameters bound to
+        ``arg_values``; returns the value of its result."""
+        for p, v in zip(func.params, arg_values):
+            self.env[p] = v
+        body = func.body
+        for block in body.blocks:
+            for b in block.bindings:
+                self.pos += 1
+                self.binding(b)
+        self.use(body.body, self.pos)
+        return self.value_of(body.body)
 
     # ---------------------------------------------------------------- checks
     def check(self, pool: bool = True) -> list[Violation]:
@@ -365,6 +394,8 @@ class _Replay:
                 death[st.key] = max([st.last_use] + [t.last_use for t in st.tensors])
             for s1 in sts:
                 for s2 in sts:
+                    if s1.static or s2.static:
+                        continue
                     if s2.alloc_at > death[s1.key] and _rounded(s1.nbytes) == _rounded(s2.nbytes):
                         for a in s1.tensors:
                             for b in s2.tensors:
@@ -421,8 +452,9 @@ def check_stream_memory_safety(mod: tvm.IRModule, functions=None, pool: bool = T
     """Check every Relax function of a memory-planned module (or those named in ``functions``); see the module
     docstring. Returns a report (``.ok``, ``.violations``, ``.raise_if_unsafe()``)."""
     report = MemorySafetyReport()
+    lifted = lifted_functions(mod)
     for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
+        if not isinstance(func, relax.Function) or gv.name_hint in lifted:
             continue
         if functions is not None and gv.name_hint not in functions:
             continue
@@ -434,9 +466,25 @@ def check_stream_memory_safety(mod: tvm.IRModule, functions=None, pool: bool = T
     return report
 
 
-def check_lowered(lowered: tvm.IRModule, target=None, functions=None) -> MemorySafetyReport:
-    """Plan memory (:func:`plan_memory`) then check."""
-    return check_stream_memory_safety(plan_memory(lowered, target), functions=functions)
+def lifted_functions(mod: tvm.IRModule) -> set[str]:
+    """Functions that TVM's RewriteCUDAGraph lifted out of a program (its storage allocation and its captured
+    region): they run only through ``get_cached_alloc`` / ``run_or_capture``, where the check replays them."""
+    out: set[str] = set()
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_builtin_with_ctx" \
+                and isinstance(e.args[0], relax.ExternFunc) \
+                and str(e.args[0].global_symbol) in (GET_CACHED_ALLOC, RUN_OR_CAPTURE) \
+                and isinstance(e.args[1], relax.Tuple) and isinstance(e.args[1].fields[0], relax.GlobalVar):
+            callee = e.args[1].fields[0]
+            if isinstance(mod[callee], relax.Function) and mod[callee].attrs is not None \
+                    and "relax.force_pure" in mod[callee].attrs:
+                out.add(callee.name_hint)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -454,16 +502,3 @@ def activation_memory(planned: tvm.IRModule, function: str = MAIN_FUNC) -> int:
 
     relax.analysis.post_order_visit(func.body, visit)
     return total
-
-
-def memory_report(program, schedule, target="llvm", mode: str = "stage", max_streams: int = 8) -> dict:
-    """Activation memory of the scheduled program vs the sequential one (plain TVM's ``main``), in bytes."""
-    from .lower_streams import lower_program
-
-    low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode)
-    scheduled = activation_memory(plan_memory(low.mod), MAIN_FUNC)
-    plain = tvm.IRModule({gv: f for gv, f in program.mod.functions.items()}, attrs=program.mod.attrs)
-    sequential = activation_memory(plan_memory(plain), "main")
-    return {"scheduled_bytes": int(scheduled), "sequential_bytes": int(sequential), "mode": mode,
-            "num_streams": low.num_streams,
-            "ratio": (scheduled / sequential) if sequential else None}

@@ -42,7 +42,10 @@ MAIN_GRAPH_FUNC = "__tvm_interop_main_graph"
 STREAMS_FUNC = "__tvm_interop_streams"
 FREE_STREAMS_FUNC = "__tvm_interop_free_streams"
 CURRENT_STREAM_FUNC = "__tvm_interop_current_stream"
-KEEPALIVE_PREFIX = "__tvm_interop_keepalive"
+# The keep-alive use of tensors (``passes.lower_streams``): an impure packed call that no Relax pass may drop.
+# ``ffi.Array`` (tvm-ffi's array constructor) is in every TVM runtime, touches no device memory, and is not a
+# ``vm.builtin.*`` function, which TVM's RewriteCUDAGraph would refuse to capture (splitting the graph).
+KEEPALIVE_FUNC = "ffi.Array"
 COPY_FUNC = "__tvm_interop_copy"
 # Key of the stream set in the VM's per-VM cache (``vm.builtin.cuda_graph.get_cached_alloc``). TVM's own
 # CUDA-graph rewriting uses key 0 for its storage; this one is far from it.

@@ -1,7 +1,8 @@
 """The stream-lowered program (passes.lower_streams) and its memory-safety checker (passes.stream_memory).
 
-No GPU needed: the lowered Relax IR is inspected (streams, events, where streams come from), memory-planned with
-TVM's own passes and checked; the CPU build runs it to compare outputs.
+No GPU needed: the lowered Relax IR is inspected (streams, events, where streams come from), taken through the
+build's own pipeline up to KillAfterLastUse (passes.as_built: the IR the build compiles) and checked; the CPU
+build runs it to compare outputs.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from passes.lower_streams import (MAIN, lower_program, lower_to_relax, plan_stre
                                   resolve_stream_count, simulate)
 from passes.schedule import Schedule, Stage
 from passes.schedulers import schedule_graph
-from passes.stream_memory import (activation_memory, check_lowered, check_stream_memory_safety, memory_report,
-                                  plan_memory)
-from runtime.cuda import (CURRENT_STREAM_FUNC, FREE_STREAMS_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX,
-                          STREAMS_FUNC)
+from passes.as_built import as_built_ir, check_lowered, memory_report, run_until
+from passes.stream_memory import activation_memory, check_stream_memory_safety
+from runtime.cuda import (CURRENT_STREAM_FUNC, FREE_STREAMS_FUNC, KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC,
+                          STREAM_CACHE_INDEX, STREAMS_FUNC)
 from runtime.errors import InteropError
 
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -72,11 +73,10 @@ def events(mod, fname=MAIN_FUNC):
                     out.append(("sync", sname(v.args[1]), sname(v.args[2])))
                 elif sym == "runtime.Device_SetStream":
                     out.append(("set", sname(v.args[1])))
+                elif sym == KEEPALIVE_FUNC:
+                    out.append(("keepalive", len(v.args)))
                 else:
                     out.append(("packed", sym))
-            elif isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar) \
-                    and v.op.name_hint.startswith("__tvm_interop_keepalive"):
-                out.append(("keepalive", len(v.args)))
             elif isinstance(v, relax.Call) and v.op == tvm.ir.Op.get("relax.call_tir"):
                 out.append(("unit", b.var.name))
     return out
@@ -249,7 +249,8 @@ def test_cuda_graph_variant_is_one_captured_region(branchy_program, hand_schedul
     ok, why = graph_feasibility(low.mod, CUDA)
     assert ok, why
     report = CudaBuildReport()
-    rewritten = rewrite_cuda_graph_for([MAIN_GRAPH_FUNC], report)(plan_memory(low.mod, CUDA))
+    planned = run_until(low.mod, CUDA, "StaticPlanBlockMemory", graph_funcs=())
+    rewritten = rewrite_cuda_graph_for([MAIN_GRAPH_FUNC], report)(planned)
     assert report.cuda_graph and report.captured_calls > 20
     names = [gv.name_hint for gv in rewritten.get_global_vars()]
     assert f"{MAIN_GRAPH_FUNC}_cuda_graph_capture" in names and "cuda_graph_alloc" in names
@@ -263,7 +264,7 @@ def test_cuda_graph_falls_back_with_a_logged_reason(branchy_program, hand_schedu
     from passes.cuda_build import CudaBuildReport, rewrite_cuda_graph_for
 
     low = lower_program(branchy_program, hand_schedule, CUDA, cuda_graph=True)
-    planned = plan_memory(low.mod, CUDA)
+    planned = run_until(low.mod, CUDA, "StaticPlanBlockMemory", graph_funcs=())
     f = planned[MAIN_GRAPH_FUNC]
     bindings = list(f.body.blocks[0].bindings)
     kernels = [i for i, b in enumerate(bindings) if isinstance(b.value, relax.Call)
@@ -302,8 +303,20 @@ def test_runtime_cuda_graph_request_without_variant_is_logged(branchy_program, h
 
 
 # ---------------------------------------------------------------------------------------------- memory safety
-def test_a_tuple_binding_does_not_extend_a_lifetime():
-    """Why the keep-alive is a call: TVM's planner reuses a storage after the last *use*; a tuple is none."""
+def _noop_primfunc(n: int):
+    """The keep-alive of the first GPU run: a no-op host PrimFunc. Relax sees a *pure* call."""
+    from tvm import tirx
+
+    params = [tirx.Var(f"t{i}", "handle") for i in range(n)]
+    f = tirx.PrimFunc(params, tirx.Evaluate(tirx.IntImm("int32", 0)))
+    return f.with_attrs({"tirx.is_host_func": True, "tirx.is_scheduled": True})
+
+
+@pytest.mark.parametrize("target", ["llvm", CUDA])
+def test_only_an_impure_call_extends_a_lifetime_through_the_build(target):
+    """Why the keep-alive is an impure packed call: TVM's planner reuses a storage after the last *use*; a tuple
+    is none, and a call of a no-op PrimFunc is pure, so FoldConstant / FuseTIR delete it before planning (what
+    raced on the H100). Checked on the IR the build compiles, for CPU and CUDA."""
     from tvm import topi
 
     def build(keep):
@@ -316,16 +329,51 @@ def test_a_tuple_binding_does_not_extend_a_lifetime():
             keep(bb, a, b)                   # ... unless this is a use
             d = bb.emit_te(topi.add, c, x)
             bb.emit_func_output(d)
-        return plan_memory(bb.get())
+        return as_built_ir(bb.get(), target)
 
-    def storages(mod):
+    def storages(mod):  # activations + the output
         return mod["main"].script().count("R.memory.alloc_storage(")
 
     with_tuple = build(lambda bb, a, b: bb.emit(relax.Tuple([a, b])))
-    with_call = build(lambda bb, a, b: bb.emit(relax.Call(relax.ExternFunc("test.keep"), [a, b],
+    with_pure = build(lambda bb, a, b: bb.emit(relax.Call(bb.add_func(_noop_primfunc(2), "noop_keep"), [a, b])))
+    with_call = build(lambda bb, a, b: bb.emit(relax.Call(relax.ExternFunc(KEEPALIVE_FUNC), [a, b],
                                                           ty_args=[relax.ObjectType()])))
-    assert storages(with_tuple) == 2   # c reuses a's storage: the tuple did not keep a alive
-    assert storages(with_call) == 3    # a is kept until the call, so c gets a storage of its own
+    assert storages(with_tuple) == 3   # c reuses a's storage: the tuple did not keep a alive
+    assert storages(with_pure) == 3    # the pure call was deleted by the pipeline
+    assert "noop_keep" not in with_pure["main"].script()
+    assert storages(with_call) == 4    # a is kept until the call, so c gets a storage of its own
+    assert KEEPALIVE_FUNC in with_call["main"].script()
+
+
+def test_checker_finds_the_h100_race_in_the_old_lowering(monkeypatch):
+    """The first GPU run's lowering (keep-alive = pure no-op PrimFunc) on googlenet 64 px w0.25: the as-built
+    check finds the races the old checker (its own short pipeline) missed; the build refuses it; the current
+    lowering is clean."""
+    import passes.lower_streams as ls
+    from passes.build import build_library
+    from passes.lower import make_plan
+    from tvm_interop.models import get_model
+
+    program = tvm_interop.api.prepare_program(get_model("googlenet", image_size=64, width=0.25), CUDA)
+    counts = {}
+    for sched_name in ("greedy", "lios"):
+        sched = schedule_graph(program.graph, sched_name, "sim:h100")
+        assert check_lowered(lower_program(program, sched, CUDA).mod, CUDA).ok
+        with monkeypatch.context() as m:
+            def old_keepalive(self, tensors):
+                gv = self.bb.add_func(_noop_primfunc(len(tensors)), f"__tvm_interop_keepalive{len(tensors)}")
+                return relax.Call(gv, list(tensors))
+
+            m.setattr(ls._Emitter, "keepalive", old_keepalive)
+            low = lower_program(program, sched, CUDA)
+            assert "__tvm_interop_keepalive" in low.mod[MAIN_FUNC].script()
+            report = check_lowered(low.mod, CUDA)
+            counts[sched_name] = len(report.violations)
+            assert {v.kind for v in report.violations} & {"storage", "pool"}
+            if sched_name == "greedy":
+                with pytest.raises(InteropError, match="not memory-safe"):
+                    build_library(program, sched, make_plan(program, sched), CUDA)
+    assert counts["greedy"] > 0 and counts["lios"] > 0, counts
 
 
 @pytest.mark.parametrize("mode", ["stage", "dependency"])
@@ -338,6 +386,8 @@ def test_checker_passes_on_lowered_programs(branchy_program, hand_schedule, mode
             report = check_lowered(low.mod, CUDA)
             assert report.ok, report.summary()
             assert report.functions[MAIN_FUNC]["streams"] == 1 + low.num_streams
+            if graph:  # the captured region is replayed inline: every kernel of the graph variant is checked
+                assert report.functions[MAIN_GRAPH_FUNC]["kernels"] == report.functions[MAIN_FUNC]["kernels"] + 2
 
 
 @pytest.mark.parametrize("mode", ["stage", "dependency"])
@@ -386,7 +436,7 @@ def _is_sync(b, src=None, dst=None):
 
 def test_checker_reports_a_missing_event(branchy_program, hand_schedule):
     low = lower_program(branchy_program, hand_schedule, CUDA, mode="dependency")
-    planned = plan_memory(low.mod, CUDA)
+    planned = as_built_ir(low.mod, CUDA)
     assert check_stream_memory_safety(planned).ok
     # the concat no longer waits for one branch: a data race (and an unordered reuse)
     broken = _drop_binding(planned, MAIN_FUNC, lambda b: _is_sync(b, src="stream0", dst="stream3"))
@@ -484,7 +534,7 @@ def test_memory_report_scheduled_vs_sequential(branchy_program, hand_schedule):
     assert rep["scheduled_bytes"] >= rep["sequential_bytes"] > 0
     seq = schedule_graph(branchy_program.graph, "sequential")
     assert memory_report(branchy_program, seq, CUDA)["scheduled_bytes"] == rep["sequential_bytes"]
-    planned = plan_memory(lower_to_relax(branchy_program, hand_schedule, CUDA))
+    planned = as_built_ir(lower_to_relax(branchy_program, hand_schedule, CUDA), CUDA)
     assert activation_memory(planned) == rep["scheduled_bytes"]
 
 

@@ -106,7 +106,7 @@ class CompiledModel:
 
     def memory_report(self) -> dict:
         """Activation memory (bytes) of the scheduled program vs the sequential one, from TVM's memory plan."""
-        from passes.stream_memory import memory_report
+        from passes.as_built import memory_report
 
         return memory_report(self.built_program or self.program, self.built_schedule or self.schedule, self.target,
                              mode=self.runner.mode, max_streams=self.max_streams)
