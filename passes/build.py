@@ -43,64 +43,83 @@ def attach_runtime_payload(mod: tvm.IRModule, program: Program, plan: ExecutionP
 
 def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                   target: "str | tvm.target.Target" = "llvm", max_streams: int = 8, mode: str | None = None,
-                  cuda_graph: bool = False, check_memory: bool = True):
+                  cuda_graph: bool = False, check_memory: bool = True, candidates: bool | None = None):
     """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
 
     CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
     ``cuda_graph``); it needs no GPU. ``check_memory``: the stream memory check runs *inside* the build's
     pipeline, on the IR it compiles (``passes.as_built``), and the build raises :class:`InteropError` for an
-    unsafe program. What was decided (streams, CUDA graph and why not, the memory check) is recorded in
-    ``plan.meta`` before the plan is embedded.
+    unsafe program. ``candidates`` (default: on for GPU targets): the library also carries the other
+    synchronisation mode and sequential, each direct and as a CUDA graph, for the runtime to pick from by
+    measurement (``passes.candidates``, ``runtime.picker``). What was decided (streams, CUDA graph and why not,
+    the candidates, the memory check) is recorded in ``plan.meta`` before the plan is embedded.
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
+    from .candidates import describe, graph_functions, lower_variants, merge_modules
     from .cuda_build import build_cuda, graph_feasibility, normalize_target
-    from .lower_streams import lower_program
 
     t0 = time.perf_counter()
     target = normalize_target(target)
     mode = mode or plan.meta.get("mode", "stage")
     is_cuda = target.kind.name == "cuda"
-    low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph)
-    reason = low.cuda_graph_reason
-    if low.cuda_graph:
-        ok, why = graph_feasibility(low.mod, target)
+    if candidates is None:
+        candidates = target.kind.name != "llvm"
+
+    refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
+
+    def graph_ok(low):
+        if low.graph_function in refused:
+            return False, refused[low.graph_function]
+        ok, why = graph_feasibility(low.mod, target, low.graph_function)
         if not ok:
-            log.warning("CUDA graph not possible for this program, using direct launches: %s", why)
-            reason = why
-            low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=False)
+            log.warning("CUDA graph not possible for %s, using direct launches: %s", low.graph_function, why)
+        return ok, why
+
+    def lower_all():
+        return lower_variants(program, schedule, target, max_streams, mode, cuda_graph, candidates,
+                              graph_ok if is_cuda else None)
+
+    variants = lower_all()
     checked = MemoryCheckResult()
 
-    def compile_lowered(lowered_low):
-        plan.meta.update({"num_streams": lowered_low.num_streams, "cuda_graph": bool(lowered_low.cuda_graph),
-                          "cuda_graph_reason": reason if cuda_graph else None,
-                          "memory_check": "as-built IR, after KillAfterLastUse" if check_memory else "off"})
-        lowered = attach_runtime_payload(lowered_low.mod, program, plan)
-        if is_cuda:
-            checks = [memory_check_pass(checked)] if check_memory else []
-            return build_cuda(lowered, target, cuda_graph=lowered_low.cuda_graph, after_kill=checks)
-        if check_memory:
-            return build_checked_cpu(lowered, target, checked), None
-        return tvm.compile(lowered, target), None
-
-    def compile_checked(lowered_low):
+    def compile_variants(vs):
+        primary = vs[0].lowered
+        meta = {"num_streams": primary.num_streams, "cuda_graph": bool(primary.cuda_graph),
+                "cuda_graph_reason": primary.cuda_graph_reason if cuda_graph else None,
+                "memory_check": "as-built IR, after KillAfterLastUse" if check_memory else "off"}
+        if candidates:
+            meta["candidates"], meta["default_candidate"] = describe(vs)
+        plan.meta.update(meta)
+        lowered = attach_runtime_payload(merge_modules(vs), program, plan)
         try:
-            return compile_lowered(lowered_low)
+            if is_cuda:
+                checks = [memory_check_pass(checked)] if check_memory else []
+                return build_cuda(lowered, target, cuda_graph=bool(graph_functions(vs)),
+                                  graph_funcs=graph_functions(vs), after_kill=checks)
+            if check_memory:
+                return build_checked_cpu(lowered, target, checked), None
+            return tvm.compile(lowered, target), None
         except Exception:
             # the check raised inside TVM's pass infrastructure, which does not keep the exception's type
             if checked.report is not None and not checked.report.ok:
                 checked.report.raise_if_unsafe()
             raise
 
-    ex, report = compile_checked(low)
-    if report is not None and low.cuda_graph and not report.cuda_graph:
-        # The prediction said yes, the build's own rewrite said no: the graph function would run direct
-        # launches behind staging copies. Build again without it, and say why.
-        log.warning("CUDA graph rewrite disagreed with the feasibility check: %s", report.reason)
-        reason = report.reason
-        low = lower_program(program, schedule, target, max_streams=max_streams, mode=mode, cuda_graph=False)
-        ex, report = compile_checked(low)
+    ex, report = compile_variants(variants)
+    wanted = set(graph_functions(variants))
+    if report is not None and wanted and not wanted <= set(report.graph_functions):
+        # The prediction said yes, the build's own rewrite said no for some: their graph functions would run
+        # direct launches behind staging copies. Say so, and lower and build again without them.
+        missing = sorted(wanted - set(report.graph_functions))
+        log.warning("CUDA graph rewrite disagreed with the feasibility check for %s: %s", ", ".join(missing),
+                    report.reason)
+        refused.update({name: report.reasons.get(name, report.reason) or "not captured by RewriteCUDAGraph"
+                        for name in missing})
+        variants = lower_all()
+        ex, report = compile_variants(variants)
     if check_memory:
-        log.info("build: as-built stream memory check passed for %s in %.2f s", ", ".join(checked.functions),
-                 checked.seconds)
-    log.info("build: lowered and compiled %d units in %.2f s", len(program.graph), time.perf_counter() - t0)
+        log.info("build: as-built stream memory check passed (%s) in %.2f s",
+                 checked.report.summary() if checked.report else "not run", checked.seconds)
+    log.info("build: lowered and compiled %d units (%d candidate program(s)) in %.2f s", len(program.graph),
+             len(plan.meta.get("candidates", [])) or 1, time.perf_counter() - t0)
     return ex

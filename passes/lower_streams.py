@@ -452,6 +452,12 @@ class Lowered:
     device: str
     cuda_graph: bool
     cuda_graph_reason: str | None = None
+    prefix: str = ""
+
+    @property
+    def graph_function(self) -> str:
+        """The name of the CUDA-graph variant's function (present when ``cuda_graph``)."""
+        return self.prefix + MAIN_GRAPH_FUNC
 
 
 class _Emitter:
@@ -597,7 +603,7 @@ class _Emitter:
             bb.emit_func_output(relax.Tuple([]))
         return bb.get().get_global_var(self.prefix + STREAMS_FUNC)
 
-    def emit_main(self, target_gv, streams_gv, n: int, gpu: bool):
+    def emit_main(self, target_gv, streams_gv, n: int, gpu: bool, cache_index: int = STREAM_CACHE_INDEX):
         bb = self.bb
         old_main = self.old_main
         params = [relax.Var(p.name, p.ty) for p in old_main.params] + self.const_params()
@@ -605,7 +611,7 @@ class _Emitter:
         with bb.function(self.prefix + "main", params, pure=False):
             if gpu:
                 streams = bb.emit(relax.op.call_builtin_with_ctx(
-                    "vm.builtin.cuda_graph.get_cached_alloc", relax.Tuple([streams_gv, _i64(STREAM_CACHE_INDEX)]),
+                    "vm.builtin.cuda_graph.get_cached_alloc", relax.Tuple([streams_gv, _i64(cache_index)]),
                     ty_args=[ty]), name_hint="streams")
             else:
                 streams = relax.Tuple([_i64(0)] * n)
@@ -653,12 +659,14 @@ def _rebuild(expr, leaves: list):
 
 def lower_program(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",
                   max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
-                  keep_alive: bool = True, lift_constants: bool = False, prefix: str = "") -> Lowered:
+                  keep_alive: bool = True, lift_constants: bool = False, prefix: str = "",
+                  stream_cache_index: int = STREAM_CACHE_INDEX) -> Lowered:
     """Lower ``schedule`` into the functions described in the module docstring. ``keep_alive=False`` leaves out
     the lifetime extension (deliberately unsafe; only for testing the memory checker). ``lift_constants``: the
     model's constants become parameters after the inputs (``main(*inputs, *weights)``; used by the GPU check, whose
     libraries must not carry the weights). ``prefix`` is put before every function name the lowering adds (several
-    schedules of one model in one library)."""
+    schedules of one model in one library); each such lowering needs its own ``stream_cache_index`` (the key of its
+    stream set in the VM's per-VM cache, used by its ``main``)."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
     schedule.validate(program.graph)
@@ -678,7 +686,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         programs[MAIN_GRAPH_FUNC] = plan_streams(program, schedule, mode, n, staged_io=True, keep_alive=keep_alive)
         target_gv = em.emit_scheduled(MAIN_GRAPH_FUNC, programs[MAIN_GRAPH_FUNC], staged=True, n_streams=n)
     streams_gv = em.emit_stream_funcs(n)
-    em.emit_main(target_gv, streams_gv, n, gpu)
+    em.emit_main(target_gv, streams_gv, n, gpu, stream_cache_index)
     built = em.bb.get()
     mod = program.mod
     funcs = {gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}
@@ -689,7 +697,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         funcs[gv] = f
     new_mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return Lowered(mod=new_mod, programs=programs, num_streams=n, mode=mode, device=dev_kind, cuda_graph=cuda_graph,
-                   cuda_graph_reason=reason)
+                   cuda_graph_reason=reason, prefix=prefix)
 
 
 def lift_main_constants(program: Program, name: str = "main") -> tvm.IRModule:

@@ -81,8 +81,9 @@ class MemorySafetyReport:
 
     def summary(self) -> str:
         if self.ok:
-            return "memory-safe: " + ", ".join(f"{n} ({d['kernels']} kernels on {d['streams']} stream(s), "
-                                                f"{d['storages']} storages)" for n, d in self.functions.items())
+            return "memory-safe: " + (", ".join(f"{n} ({d['kernels']} kernels on {d['streams']} stream(s), "
+                                                 f"{d['storages']} storages)"
+                                                 for n, d in self.functions.items() if d["kernels"]) or "no kernels")
         return f"{len(self.violations)} violation(s); first: {self.violations[0]}"
 
 

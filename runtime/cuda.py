@@ -136,10 +136,11 @@ class StreamSet:
     """The streams of one loaded model: created once (``__tvm_interop_streams``), reused by every run, freed on
     ``close``. ``handles`` is what ``__tvm_interop_main`` takes as its last argument."""
 
-    def __init__(self, vm, device=None):
+    def __init__(self, vm, device=None, create: str = STREAMS_FUNC, free: str = FREE_STREAMS_FUNC):
         self._vm = vm
         self._device = device
-        self.handles = vm[STREAMS_FUNC]()
+        self._free = free
+        self.handles = vm[create]()
         self._closed = False
 
     @property
@@ -153,7 +154,7 @@ class StreamSet:
         try:
             if self._device is not None:
                 self._device.sync()
-            self._vm[FREE_STREAMS_FUNC](self.handles)
+            self._vm[self._free](self.handles)
         except Exception as e:  # noqa: BLE001 - freeing is best effort at shutdown
             log.debug("could not free streams: %s", e)
 

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 PLAN_FUNC = "__tvm_interop_plan"
 CONSTANTS_FUNC = "__tvm_interop_constants"
 EXECUTORS = ("threads", "vm")
+# When a library carries candidate programs: "auto" times them on a GPU at the first run (unless a pick file or
+# an explicit candidate chose already), "off" runs the default one.
+PICK_MODES = ("auto", "off")
 
 
 def _device_for(kind: str):
@@ -47,7 +50,8 @@ class ScheduledModel:
     """Runs a scheduled program. ``run(*inputs)`` returns numpy output(s)."""
 
     def __init__(self, library, device_kind: str = "cpu", executor: str | None = None, mode: str | None = None,
-                 num_workers: int | None = None, plan: ExecutionPlan | None = None, cuda_graph: bool | None = None):
+                 num_workers: int | None = None, plan: ExecutionPlan | None = None, cuda_graph: bool | None = None,
+                 candidate: str | None = None, pick: str = "auto"):
         import tvm
         from tvm.runtime import vm as rvm
 
@@ -59,6 +63,8 @@ class ScheduledModel:
         self._streams: StreamSet | None = None
         self._entry: tuple[str, bool] | None = None
         self._graph_failed: str | None = None
+        self._stream_sets: dict[str, StreamSet] = {}
+        self.pick_report = None
         self._executor_name = executor or ("threads" if device_kind == "cpu" else "vm")
         if self._executor_name not in EXECUTORS:
             raise InteropError(f"unknown executor {self._executor_name!r}; choose from {EXECUTORS}")
@@ -82,8 +88,54 @@ class ScheduledModel:
         self.plan = plan
         self.mode = mode or self.plan.meta.get("mode", "stage")
         self.cuda_graph = bool(self.plan.meta.get("cuda_graph", False)) if cuda_graph is None else bool(cuda_graph)
+        self._cuda_graph_requested = cuda_graph
         self._num_workers = num_workers
         self._meta_vm = meta_vm
+        if pick not in PICK_MODES:
+            raise InteropError(f"unknown pick mode {pick!r}; choose from {PICK_MODES}")
+        self.pick = pick
+        self.candidate: str | None = None
+        if candidate is not None:
+            self.select_candidate(candidate)
+
+    # ------------------------------------------------------------------ candidate programs
+    @property
+    def candidates(self) -> list[dict]:
+        """The candidate programs the library carries (``passes.candidates``), filtered by ``cuda_graph`` when
+        it was given; empty for a library built without them."""
+        cands = list(self.plan.meta.get("candidates") or [])
+        if self._cuda_graph_requested is False:
+            cands = [c for c in cands if not c["cuda_graph"]]
+        return cands
+
+    def select_candidate(self, name: str) -> None:
+        """Run candidate ``name`` from now on (what the picker does after timing)."""
+        names = [c["name"] for c in self.plan.meta.get("candidates") or []]
+        if name not in names:
+            raise InteropError(f"this library has no candidate program {name!r}"
+                               + (f"; it has {', '.join(names)}" if names else " (it was built without candidates)"))
+        self.candidate = name
+        self._entry = None
+
+    def _candidate_entry(self, vm) -> tuple[str, StreamSet]:
+        cands = {c["name"]: c for c in self.plan.meta["candidates"]}
+        name = self.candidate or self.plan.meta.get("default_candidate")
+        c = cands.get(name)
+        if c is None or (self._cuda_graph_requested is False and c["cuda_graph"]):
+            c = next(x for x in cands.values() if x["function"] == c["direct_function"]) if c else \
+                next(iter(cands.values()))
+        if c["cuda_graph"] and self._graph_failed:
+            c = next(x for x in cands.values() if x["function"] == c["direct_function"])
+        self.candidate = c["name"]
+        return c["function"], self.stream_set(vm, c)
+
+    def stream_set(self, vm, cand: dict) -> StreamSet:
+        """The streams of one candidate, created on its first use and kept until ``close``."""
+        key = cand["streams_function"]
+        if key not in self._stream_sets:
+            self._stream_sets[key] = StreamSet(vm, self.device() if self.device_kind != "cpu" else None,
+                                               create=key, free=cand["free_streams_function"])
+        return self._stream_sets[key]
 
     # ------------------------------------------------------------------ properties
     @property
@@ -116,7 +168,10 @@ class ScheduledModel:
     def _entry_point(self, vm) -> tuple[str, bool]:
         """Which function runs the model, and whether it takes the stream handles (created here, once)."""
         if self._entry is None:
-            if vm.module.implements_function(MAIN_FUNC):
+            if self.plan.meta.get("candidates"):
+                name, self._streams = self._candidate_entry(vm)
+                self._entry = (name, True)
+            elif vm.module.implements_function(MAIN_FUNC):
                 self._streams = StreamSet(vm, self.device() if self.device_kind != "cpu" else None)
                 name = MAIN_FUNC
                 if self.cuda_graph and not self._graph_failed:
@@ -162,12 +217,14 @@ class ScheduledModel:
                     "(the model was compiled for fixed shapes and batch size)")
 
     def run(self, *inputs, numpy: bool = True):
-        """Run once on numpy arrays (or TVM tensors); returns numpy array(s)."""
+        """Run once on numpy arrays (or TVM tensors); returns numpy array(s). On a GPU, a library with candidate
+        programs times them on the first run (``pick="auto"``) and runs the fastest from then on."""
         if self._executor_name == "threads":
             return self._thread_executor().run(*inputs, numpy=numpy)
         import tvm
 
         self._check_inputs(inputs)
+        self._maybe_pick(inputs)
         vm = self._vm_executor()
         dev = self.device()
         args = [x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
@@ -177,16 +234,32 @@ class ScheduledModel:
         try:
             out = vm[name](*args, *extra)
         except Exception as e:  # noqa: BLE001
-            if name != MAIN_GRAPH_FUNC:
+            if not name.endswith(MAIN_GRAPH_FUNC):
                 raise
             self._graph_failed = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             log.warning("CUDA graph capture failed (%s); falling back to direct launches", self._graph_failed)
-            self._entry = (MAIN_FUNC, True)
-            out = vm[MAIN_FUNC](*args, *extra)
+            if self.plan.meta.get("candidates"):
+                self._entry = None
+                name, _ = self._entry_point(vm)
+            else:
+                self._entry = (MAIN_FUNC, True)
+                name = MAIN_FUNC
+            out = vm[name](*args, *[self._streams.handles])
         return _vm_to_numpy(out) if numpy else out
 
+    def _maybe_pick(self, inputs) -> None:
+        """On a GPU, the first run of a library with candidates (and no choice yet) picks by measurement."""
+        if self.pick == "auto" and self.candidate is None and self.device_kind != "cpu" and len(self.candidates) > 1:
+            from .picker import pick_fastest
+
+            pick_fastest(self, inputs)
+
     def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
-        """Median / mean / min latency in seconds over ``repeat`` runs after ``warmup`` runs."""
+        """Median / mean / min latency in seconds over ``repeat`` runs after ``warmup`` runs (a pending
+        candidate pick happens before, untimed)."""
+        if self._executor_name == "vm":
+            self._check_inputs(inputs)
+            self._maybe_pick(inputs)
         times = []
         for i in range(warmup + repeat):
             t0 = time.perf_counter()
@@ -206,6 +279,9 @@ class ScheduledModel:
         if self._threads is not None:
             self._threads.close()
             self._threads = None
+        for ss in self._stream_sets.values():
+            ss.close()
+        self._stream_sets = {}
         if self._streams is not None:
             self._streams.close()
             self._streams = None
@@ -265,8 +341,13 @@ def _library_device(lib) -> str:
 
 
 def load(path: str, device: str | None = None, executor: str | None = None, mode: str | None = None,
-         num_workers: int | None = None, cuda_graph: bool | None = None) -> ScheduledModel:
+         num_workers: int | None = None, cuda_graph: bool | None = None, candidate: str | None = None,
+         pick: str = "auto") -> ScheduledModel:
     """Load an exported ``.so`` with TVM's runtime only and return a runnable ScheduledModel.
+
+    A library with candidate programs runs ``candidate`` when given, else the one in its pick file
+    (``m.so.pick.json`` from ``tvm-interop pick``) when that matches the library and this device, else — on a
+    GPU, with ``pick="auto"`` — the fastest by measurement at the first run (``runtime.picker``).
 
     A library built for CUDA needs TVM's CUDA runtime and a GPU: without them this raises DeviceError
     ("no CUDA device ...")."""
@@ -286,7 +367,22 @@ def load(path: str, device: str | None = None, executor: str | None = None, mode
             raise ExportError(f"{path}: cannot load ({str(e2).splitlines()[0] if str(e2) else e2})") from None
     kind = device or _library_device(lib)
     if kind == "cpu":
-        return ScheduledModel(lib, device_kind="cpu", executor=executor, mode=mode, num_workers=num_workers,
-                              cuda_graph=cuda_graph)
-    return ScheduledModel(lib, device_kind=kind, executor=executor or "vm", mode=mode, num_workers=num_workers,
-                          cuda_graph=cuda_graph)
+        model = ScheduledModel(lib, device_kind="cpu", executor=executor, mode=mode, num_workers=num_workers,
+                               cuda_graph=cuda_graph, candidate=candidate, pick=pick)
+    else:
+        model = ScheduledModel(lib, device_kind=kind, executor=executor or "vm", mode=mode, num_workers=num_workers,
+                               cuda_graph=cuda_graph, candidate=candidate, pick=pick)
+    if candidate is None and pick == "auto" and model.plan.meta.get("candidates"):
+        _apply_pick_file(model, path)
+    return model
+
+
+def _apply_pick_file(model: ScheduledModel, path: str) -> None:
+    """Run the candidate chosen by ``tvm-interop pick`` when its file matches this library and device."""
+    from .picker import device_name, load_pick
+
+    report = load_pick(path, device_name(model))
+    if report is not None and report.choice in [c["name"] for c in model.candidates]:
+        model.select_candidate(report.choice)
+        model.pick_report = report
+        log.info("%s: running candidate %s (picked by measurement, %s)", path, report.choice, report.summary())

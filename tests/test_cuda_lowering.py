@@ -404,12 +404,12 @@ def test_checker_fails_without_keep_alive(branchy_program, mode):
 
 
 def test_build_refuses_an_unsafe_program(branchy_program, monkeypatch):
-    import passes.lower_streams as ls
+    import passes.candidates as cand
     from passes.build import build_library
     from passes.lower import make_plan
 
-    real = ls.lower_program
-    monkeypatch.setattr(ls, "lower_program", lambda *a, **k: real(*a, **{**k, "keep_alive": False}))
+    real = cand.lower_program
+    monkeypatch.setattr(cand, "lower_program", lambda *a, **k: real(*a, **{**k, "keep_alive": False}))
     sched = schedule_graph(branchy_program.graph, "greedy")
     with pytest.raises(InteropError, match="not memory-safe"):
         build_library(branchy_program, sched, make_plan(branchy_program, sched), "llvm")

@@ -122,7 +122,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
-            tuning_db: str | None = None) -> CompiledModel:
+            tuning_db: str | None = None, candidates: bool | None = None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -141,6 +141,10 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     measured or built (kernels without a record keep their default schedule).
     ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
     the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
+    ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
+    synchronisation mode and sequential, each direct and as a CUDA graph; on the device the fastest is picked
+    by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
+    sequential for lack of a choice. The CPU keeps the compile-time guard (``guard``).
     """
     from passes.build import build_library
     from passes.lower import make_plan
@@ -217,7 +221,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
-        return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph)
+        return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
+                                candidates=candidates)
 
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t

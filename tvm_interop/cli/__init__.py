@@ -8,12 +8,13 @@ import sys
 
 from runtime.errors import InteropError
 
-_COMMANDS = ["compile_cmd", "run_cmd", "models_cmd", "schedule_cmd", "show_cmd", "tune_cmd", "profile_cmd"]
+_COMMANDS = ["compile_cmd", "run_cmd", "models_cmd", "schedule_cmd", "show_cmd", "tune_cmd", "profile_cmd", "pick_cmd"]
 
 EPILOG = """examples:
   tvm-interop models
   tvm-interop compile inception_v3 --target llvm --scheduler greedy -o m.so --schedule-out s.json
   tvm-interop run m.so --repeat 20
+  tvm-interop pick m_cuda.so            # on the GPU: time the candidate programs, keep the fastest
   tvm-interop schedule nasnet_a_large --scheduler ios --cost sim:h100 --json
   tvm-interop show s.json
 """

@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
+    p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
+                   help="GPU targets: do not carry the alternative programs (other mode, sequential, direct/graph) "
+                        "that the runtime picks from by measurement")
     p.add_argument("-o", "--output", default=None, help="write the deployable library here (.so)")
     p.add_argument("--schedule-out", default=None, help="write the schedule JSON here")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -35,7 +38,7 @@ def run(args) -> int:
         cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
                                  schedule=args.schedule, mode=args.mode, batch_size=args.batch,
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
-                                 tuning_db=args.tuning_db)
+                                 tuning_db=args.tuning_db, candidates=args.candidates)
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:
@@ -50,6 +53,7 @@ def run(args) -> int:
         "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
         "activation_scheduled_bytes": mem["scheduled_bytes"], "activation_sequential_bytes": mem["sequential_bytes"],
         "output": args.output, "schedule_out": args.schedule_out,
+        "candidates": [c["name"] for c in cm.plan.meta.get("candidates", [])],
     }
     if args.json:
         print_json(summary)
@@ -63,6 +67,9 @@ def run(args) -> int:
               f"{cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, build {cm.timings['build']:.1f} s)")
         print(f"activation memory (TVM plan): scheduled {mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential "
               f"{mem['sequential_bytes'] / 2**20:.2f} MiB")
+        if summary["candidates"]:
+            print(f"candidate programs ({len(summary['candidates'])}, the device picks the fastest at first run or "
+                  f"with `tvm-interop pick`): {', '.join(summary['candidates'])}")
         if args.output:
             print(f"wrote {args.output}")
         if args.schedule_out:

@@ -35,12 +35,18 @@ def run(args) -> int:
     meta = model.plan.meta
     result = {"library": args.library, "model": meta.get("model"), "scheduler": meta.get("scheduler"),
               "executor": model.executor, "median_ms": stats["median"] * 1e3, "mean_ms": stats["mean"] * 1e3,
-              "min_ms": stats["min"] * 1e3, "repeat": args.repeat, "output_shape": list(first.shape)}
+              "min_ms": stats["min"] * 1e3, "repeat": args.repeat, "output_shape": list(first.shape),
+              "candidate": model.candidate,
+              "pick": model.pick_report.to_json() if model.pick_report is not None else None}
     if args.json:
         print_json(result)
     else:
         print(f"{args.library}: {meta.get('model')} ({meta.get('scheduler')}, executor {model.executor}) "
               f"median {result['median_ms']:.3f} ms over {args.repeat} runs "
               f"(min {result['min_ms']:.3f} ms); output {list(first.shape)}")
+        if model.pick_report is not None:
+            print(f"candidate program: {model.pick_report.summary()}")
+        elif model.candidate:
+            print(f"candidate program: {model.candidate}")
     model.close()
     return 0
