@@ -1,13 +1,13 @@
 """tvm-interop as a pass in TVM's own build: ``tvm.compile(mod, target, relax_pipeline=pipeline(...))``.
 
 The pass prepares the module (legalize + fuse), schedules its units, rewrites ``main`` into schedule order with
-stream calls, then hands the result to TVM's default Relax pipeline (memory planning, VM lowering). The schedule
+stream calls, then hands the result to TVM's default Relax pipeline for the target (memory planning, VM
+lowering) with the stream memory check inside it, on the IR that pipeline plans (``passes.as_built``). The schedule
 is attached to the module as the attribute ``tvm_interop.schedule`` (JSON) so it can be inspected afterwards.
 """
 from __future__ import annotations
 
 import tvm
-from tvm import relax
 
 
 def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: int = 8,
@@ -45,7 +45,10 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
         program, built = apply_merges(program, sched, target=target)
         lowered = lower_to_relax(program, built, target, max_streams=max_streams)
         lowered = lowered.with_attr("tvm_interop.schedule", sched.dumps())
-        return _default_pipeline(target)(lowered)
+        from .as_built import checked_passes
+
+        with target:
+            return tvm.transform.Sequential(checked_passes(target))(lowered)
 
     return _schedule_pass
 
@@ -56,12 +59,3 @@ def _default_cost(target: tvm.target.Target):
     if "sim" not in registry.known():
         return "unit"
     return "sim:h100" if "gpu" in target.keys else "sim:cpu"
-
-
-def _default_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
-    if "gpu" in target.keys:
-        try:
-            return relax.get_default_pipeline(target)
-        except (ValueError, AttributeError):
-            pass
-    return relax.get_pipeline("default")

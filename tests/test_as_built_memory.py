@@ -95,3 +95,18 @@ def test_fuzz_as_built_cuda_is_memory_safe(seed):
     for scheduler in SCHEDULERS:
         for mode in ("stage", "dependency"):
             _check_program(program, scheduler, mode, f"fuzz seed {seed}")
+
+
+def test_pipeline_pass_refuses_an_unsafe_program(branchy_model, monkeypatch):
+    """``tvm.compile(mod, relax_pipeline=passes.pipeline(...))`` runs the same in-pipeline check."""
+    import tvm
+
+    import passes.lower_streams as ls
+    from passes import pipeline
+
+    real = ls.lower_to_relax
+    monkeypatch.setattr(ls, "lower_to_relax", lambda *a, **k: real(*a, **{**k, "keep_alive": False}))
+    with pytest.raises(Exception, match="not memory-safe"):
+        tvm.compile(branchy_model, "llvm", relax_pipeline=pipeline(scheduler="greedy"))
+    monkeypatch.setattr(ls, "lower_to_relax", real)
+    tvm.compile(branchy_model, "llvm", relax_pipeline=pipeline(scheduler="greedy"))
