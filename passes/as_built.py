@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax
 
 from runtime.cuda import MAIN_FUNC, MAIN_GRAPH_FUNC
 from runtime.errors import InteropError

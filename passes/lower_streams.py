@@ -48,7 +48,6 @@ releases). ``passes.stream_memory.check_stream_memory_safety`` verifies the resu
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 from dataclasses import dataclass, field

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -263,15 +262,6 @@ def concatenate(parts: Sequence[list[Stage]]) -> list[Stage]:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write to a temporary file in the same folder, then rename over the target."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from runtime import atomic
+
+    atomic.write_text(path, text)

@@ -312,16 +312,13 @@ def _vm_to_numpy(out):
 
 def export_library(library, path: str) -> None:
     """Write the library atomically: a failure never replaces a previous good file."""
+    from . import atomic
+
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}.so")
     try:
-        library.export_library(tmp)
-        os.replace(tmp, path)
+        with atomic.atomic_path(path, suffix=".so") as tmp:
+            library.export_library(tmp)
     except Exception as e:  # noqa: BLE001
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         raise ExportError(f"could not export the model to {path}: {e}") from None
 
 

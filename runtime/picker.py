@@ -154,11 +154,10 @@ def file_sha256(path: str) -> str:
 def save_pick(report: PickReport, library_path: str) -> str:
     """Write the decision beside the library (atomically); returns the file's path."""
     report.library_sha256 = file_sha256(library_path)
+    from . import atomic
+
     path = pick_path(library_path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(report.to_json(), f, indent=1)
-    os.replace(tmp, path)
+    atomic.write_json(path, report.to_json())
     return path
 
 

@@ -165,10 +165,9 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
             table["units"][groups[0][0]] = lat
     table["seconds"] = time.perf_counter() - t_start
     if out:
-        tmp = f"{out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(table, f, indent=1)
-        os.replace(tmp, out)
+        from . import atomic
+
+        atomic.write_json(out, table)
     return table
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
+from runtime import atomic
 from runtime.errors import InteropError
 
 log = logging.getLogger(__name__)
@@ -104,15 +104,8 @@ class CostCache:
                 raise
             on_disk.update(self._dirty)
             self.entries.update(on_disk)
-            fd, tmp = tempfile.mkstemp(prefix=".cost-cache-", dir=str(self.path.parent))
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({**self._header(), "entries": on_disk}, f)
-                os.replace(tmp, self.path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+                atomic.write_json(self.path, {**self._header(), "entries": on_disk}, indent=None)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         self._dirty = {}

@@ -54,6 +54,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBModel
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+from runtime import atomic
 from runtime.errors import InteropError
 
 from .fast_builder import BuildStats, InProcessBuilder, InProcessRunner, TimedBuilder, TimedRunner, \
@@ -233,18 +234,7 @@ def _repair_jsonl(path: str) -> int:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic.write_bytes(path, data, fsync=True)
 
 
 def _has_database(work_dir: str) -> bool:
@@ -436,10 +426,9 @@ def _save_cost_model(model, work_dir: str) -> None:
     if getattr(model, "data_size", 0) <= 0:
         return
     path = os.path.join(work_dir, COST_MODEL_FILE)
-    tmp = os.path.join(work_dir, ".tmp_" + COST_MODEL_FILE)
     try:
-        model.save(tmp)
-        os.replace(tmp, path)
+        with atomic.atomic_path(path) as tmp:
+            model.save(tmp)
     except Exception as err:  # noqa: BLE001
         log.warning("could not save the cost model to %s: %s", path, err)
 
