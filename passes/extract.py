@@ -82,7 +82,7 @@ def _output_infos(sinfo, where: str) -> list[TensorInfo]:
     return [_tensor_info(sinfo, where)]
 
 
-def _prim_func_flops(func: tvm.tirx.PrimFunc) -> float:
+def prim_func_flops(func: tvm.tirx.PrimFunc) -> float:
     try:
         from tvm.s_tir.analysis import estimate_tir_flops  # type: ignore
     except ImportError:  # pragma: no cover
@@ -167,7 +167,7 @@ def extract(mod: tvm.IRModule, name: str = "model") -> Program:
                 used_names.add(uname)
                 func = mod[gv]
                 if func_name not in flops_cache:
-                    flops_cache[func_name] = _prim_func_flops(func)
+                    flops_cache[func_name] = prim_func_flops(func)
                 in_infos = []
                 attrs: dict = {}
                 for i, a in enumerate(args):

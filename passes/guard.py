@@ -44,7 +44,7 @@ def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int =
 
     import tvm
 
-    from runtime.model import CONSTANTS_FUNC, _kernel_library, _lookup
+    from runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
     from runtime.thread_executor import ThreadExecutor
 
     any_plan = next(iter(runs.values()))[1]
@@ -57,8 +57,8 @@ def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int =
         for k, (library, plan) in runs.items():
             if id(library) not in constants_of:
                 constants_of[id(library)] = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
-            lib = _kernel_library(library)
-            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: _lookup(lib, n), constants_of[id(library)],
+            lib = kernel_library(library)
+            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: lookup_kernel(lib, n), constants_of[id(library)],
                                           tvm.cpu(0))
         for ex in executors.values():
             ex._inputs = ex._check_inputs(inputs)

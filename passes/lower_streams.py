@@ -422,7 +422,7 @@ def _i64(v: int):
     return relax.prim_value(tirx.IntImm("int64", v))
 
 
-def _i32(v: int):
+def i32_value(v: int):
     return relax.prim_value(tirx.IntImm("int32", v))
 
 
@@ -459,7 +459,7 @@ class Lowered:
         return self.prefix + MAIN_GRAPH_FUNC
 
 
-class _Emitter:
+class ProgramEmitter:
     """Shared state of one lowering: the BlockBuilder and the helper functions added to it."""
 
     def __init__(self, program: Program, device: str, lift_constants: bool = False, prefix: str = ""):
@@ -552,7 +552,7 @@ class _Emitter:
                 var_map[old] = bb.emit_te(_identity, new, primfunc_name_hint=self.prefix + COPY_FUNC,
                                           name_hint=f"{old.name}_static") if staged else new
             cur_type = DL_DEVICE_TYPE.get(self.device, 1)
-            main_s = bb.emit(relax.Call(self.current_stream_gv(), [_i32(cur_type), _i32(0)]), name_hint="main_stream")
+            main_s = bb.emit(relax.Call(self.current_stream_gv(), [i32_value(cur_type), i32_value(0)]), name_hint="main_stream")
             svars = [bb.emit(relax.TupleGetItem(streams_param, k), name_hint=f"stream{k}") for k in range(n_streams)]
 
             def sv(s: int):
@@ -677,7 +677,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         reason = f"CUDA graphs need a CUDA target (target device is {dev_kind})"
         log.warning("cuda_graph requested but not used: %s", reason)
         cuda_graph = False
-    em = _Emitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix)
+    em = ProgramEmitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix)
     programs = {MAIN_FUNC: plan_streams(program, schedule, mode, n, staged_io=False, keep_alive=keep_alive)}
     impl = em.emit_scheduled(MAIN_FUNC, programs[MAIN_FUNC], staged=False, n_streams=n)
     target_gv = impl

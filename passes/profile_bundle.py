@@ -197,9 +197,9 @@ def _tensor_table(program: Program):
 
 def _build_stage_module(program: Program, stages: list[dict], units: dict, tensors: list[dict], device: str,
                         num_streams: int) -> tvm.IRModule:
-    from .lower_streams import _Emitter, _i32  # the same stream helpers as the lowering
+    from .lower_streams import ProgramEmitter, i32_value  # the same stream helpers as the lowering
 
-    em = _Emitter(program, device)
+    em = ProgramEmitter(program, device)
     bb = em.bb
     int64 = tvm.ir.PrimType("int64")
     prim_gvs = {gv.name_hint: gv for gv, f in program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
@@ -217,7 +217,7 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
         with bb.function(STAGE_FUNC.format(k), [params[t] for t in used] + [streams], pure=False):
             concurrent = len(groups) > 1 and num_streams > 0
             if concurrent:
-                main_s = bb.emit(relax.Call(em.current_stream_gv(), [_i32(DL_DEVICE_TYPE.get(device, 1)), _i32(0)]),
+                main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
                                  name_hint="main_stream")
                 svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
                 used_s = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))

@@ -32,7 +32,8 @@ EXECUTORS = ("threads", "vm")
 PICK_MODES = ("auto", "off")
 
 
-def _device_for(kind: str):
+def device_for(kind: str):
+    """The TVM device for a device kind (``cpu``, ``cuda``, ...), or a clear DeviceError when there is none."""
     import tvm
 
     if kind == "cpu":
@@ -148,7 +149,7 @@ class ScheduledModel:
 
     def device(self):
         if self._device is None:
-            self._device = _device_for(self.device_kind)
+            self._device = device_for(self.device_kind)
         return self._device
 
     # ------------------------------------------------------------------ executors
@@ -201,8 +202,8 @@ class ScheduledModel:
 
             vm = self._meta_vm or self._vm_executor()
             constants = list(vm[CONSTANTS_FUNC]())
-            kernel_lib = _kernel_library(self.library)
-            self._threads = ThreadExecutor(self.plan, lambda n: _lookup(kernel_lib, n), constants, self.device(),
+            kernel_lib = kernel_library(self.library)
+            self._threads = ThreadExecutor(self.plan, lambda n: lookup_kernel(kernel_lib, n), constants, self.device(),
                                            mode=self.mode, num_workers=self._num_workers)
         return self._threads
 
@@ -245,7 +246,7 @@ class ScheduledModel:
                 self._entry = (MAIN_FUNC, True)
                 name = MAIN_FUNC
             out = vm[name](*args, *[self._streams.handles])
-        return _vm_to_numpy(out) if numpy else out
+        return vm_to_numpy(out) if numpy else out
 
     def _maybe_pick(self, inputs) -> None:
         """On a GPU, the first run of a library with candidates (and no choice yet) picks by measurement."""
@@ -288,26 +289,28 @@ class ScheduledModel:
             self._entry = None
 
 
-def _lookup(lib, name: str):
+def lookup_kernel(lib, name: str):
+    """A kernel of ``lib`` by name, or None (the executors report a missing kernel with its name)."""
     try:
         return lib.get_function(name)
     except Exception:  # noqa: BLE001 - reported by the executor as a missing kernel
         return None
 
 
-def _kernel_library(library):
+def kernel_library(library):
     """The module holding the compiled kernels: the executable's imported library."""
     lib = getattr(library, "mod", library)  # a fresh VMExecutable wraps the runtime module in .mod
     imports = list(getattr(lib, "imports", []) or [])
     return imports[0] if imports else lib
 
 
-def _vm_to_numpy(out):
+def vm_to_numpy(out):
+    """A VM result (a tensor or nested tuples of them) as numpy array(s)."""
     import tvm
 
     if isinstance(out, tvm.runtime.Tensor):
         return out.numpy()
-    return [_vm_to_numpy(o) for o in out]
+    return [vm_to_numpy(o) for o in out]
 
 
 def export_library(library, path: str) -> None:

@@ -89,7 +89,7 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
         raise InteropError("the worker-thread method measures CPU kernels only; use --method vm on a GPU")
     dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
     lib_path = os.path.join(bundle_dir, plan["library"])
-    from .model import _kernel_library
+    from .model import kernel_library
 
     try:
         lib = tvm.runtime.load_module(lib_path)
@@ -130,7 +130,7 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
     else:
         from .stage_timer import KernelCall, StageTimer
 
-        klib = _kernel_library(lib)
+        klib = kernel_library(lib)
         units = plan["units"]
 
         def call(u: str) -> KernelCall:

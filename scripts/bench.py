@@ -149,7 +149,7 @@ def make_plain_tvm(mod, x, target):
     import tvm
     from tvm import relax
 
-    from runtime.model import _vm_to_numpy
+    from runtime.model import vm_to_numpy
 
     t = time.perf_counter()
     ex = tvm_interop.api.reference_build(mod, target)
@@ -157,7 +157,7 @@ def make_plain_tvm(mod, x, target):
     compile_s = time.perf_counter() - t
     f = vm["main"]
     xt = tvm.runtime.tensor(x, tvm.cpu())
-    return Config("tvm", "plain TVM", lambda: f(xt), lambda: _vm_to_numpy(f(xt)), compile_s,
+    return Config("tvm", "plain TVM", lambda: f(xt), lambda: vm_to_numpy(f(xt)), compile_s,
                   {"build": f"relax.get_pipeline('zero') + tvm.compile, target {target}",
                    "executor": "relax.VirtualMachine"})
 

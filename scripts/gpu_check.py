@@ -196,7 +196,7 @@ def cmd_build(args) -> int:
     from passes.cuda_build import build_cuda, ensure_nvcc, normalize_target
     from passes.lower_streams import lift_main_constants, lower_program
     from passes.schedulers import available_schedulers, schedule_graph
-    from passes.stream_memory import check_lowered
+    from passes.as_built import check_lowered
     from runtime.cuda import MAIN_GRAPH_FUNC
     from tvm_interop.models import MODELS, get_model, list_models
 

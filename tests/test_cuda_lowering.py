@@ -364,7 +364,7 @@ def test_checker_finds_the_h100_race_in_the_old_lowering(monkeypatch):
                 gv = self.bb.add_func(_noop_primfunc(len(tensors)), f"__tvm_interop_keepalive{len(tensors)}")
                 return relax.Call(gv, list(tensors))
 
-            m.setattr(ls._Emitter, "keepalive", old_keepalive)
+            m.setattr(ls.ProgramEmitter, "keepalive", old_keepalive)
             low = lower_program(program, sched, CUDA)
             assert "__tvm_interop_keepalive" in low.mod[MAIN_FUNC].script()
             report = check_lowered(low.mod, CUDA)

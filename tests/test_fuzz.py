@@ -10,7 +10,7 @@ import pytest
 import tvm_interop
 from passes.lower import make_plan
 from passes.schedulers import available_schedulers, schedule_graph
-from runtime.model import CONSTANTS_FUNC, ScheduledModel, _kernel_library, _lookup
+from runtime.model import CONSTANTS_FUNC, ScheduledModel, kernel_library, lookup_kernel
 from runtime.thread_executor import ThreadExecutor
 from tvm_interop.fuzz import random_input, random_model
 
@@ -41,7 +41,7 @@ def check_seed(seed: int) -> None:
         raise AssertionError(f"compile failed for {desc}: {e}") from e
     graph = cm.graph
     _close(ScheduledModel(cm.runner.library, executor="vm").run(x), ref, f"vm/{vm_scheduler} {desc}")
-    lib = _kernel_library(cm.runner.library)
+    lib = kernel_library(cm.runner.library)
     constants = list(tvm.runtime.vm.VirtualMachine(cm.runner.library, tvm.cpu())[CONSTANTS_FUNC]())
     for name in schedulers:
         if name == "exhaustive" and len(graph) > 8:
@@ -50,7 +50,7 @@ def check_seed(seed: int) -> None:
         sched.validate(graph)
         for mode in ("stage", "dependency"):
             plan = make_plan(cm.program, sched, mode=mode)
-            ex = ThreadExecutor(plan, lambda n: _lookup(lib, n), constants, mode=mode)
+            ex = ThreadExecutor(plan, lambda n: lookup_kernel(lib, n), constants, mode=mode)
             try:
                 _close(ex.run(x), ref, f"threads/{name}/{mode} {desc}")
             finally:

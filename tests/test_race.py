@@ -9,20 +9,20 @@ import tvm
 import tvm_interop
 from passes.lower import make_plan
 from passes.schedulers import schedule_graph
-from runtime.model import CONSTANTS_FUNC, _kernel_library, _lookup
+from runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
 from runtime.thread_executor import ThreadExecutor
 
 
 @pytest.mark.parametrize("mode", ["stage", "dependency"])
 def test_concurrent_runs_are_bit_identical_to_sequential(branchy_model, mode):
     cm = tvm_interop.compile(branchy_model, scheduler="greedy", mode=mode)
-    lib = _kernel_library(cm.runner.library)
+    lib = kernel_library(cm.runner.library)
     consts = list(tvm.runtime.vm.VirtualMachine(cm.runner.library, tvm.cpu())[CONSTANTS_FUNC]())
     seq_plan = make_plan(cm.program, schedule_graph(cm.graph, "sequential"))
     conc_plan = make_plan(cm.program, cm.schedule, mode=mode)
     assert conc_plan.max_concurrency() >= 3
-    seq = ThreadExecutor(seq_plan, lambda n: _lookup(lib, n), consts)
-    conc = ThreadExecutor(conc_plan, lambda n: _lookup(lib, n), consts, mode=mode)
+    seq = ThreadExecutor(seq_plan, lambda n: lookup_kernel(lib, n), consts)
+    conc = ThreadExecutor(conc_plan, lambda n: lookup_kernel(lib, n), consts, mode=mode)
     rng = np.random.default_rng(0)
     try:
         for i in range(1000):

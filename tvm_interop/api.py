@@ -297,12 +297,12 @@ def run_reference(mod, inputs, target: str = "llvm"):
     import tvm
     from tvm import relax
 
-    from runtime.model import _device_for
+    from runtime.model import device_for
 
     ex = reference_build(mod, target)
-    dev = _device_for(_target_device_kind(target))
+    dev = device_for(_target_device_kind(target))
     vm = relax.VirtualMachine(ex, dev)
     out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
-    from runtime.model import _vm_to_numpy
+    from runtime.model import vm_to_numpy
 
-    return _vm_to_numpy(out)
+    return vm_to_numpy(out)

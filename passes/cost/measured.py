@@ -78,15 +78,15 @@ class MeasuredCostModel(CostModel):
     # ------------------------------------------------------------------ kernels
     def _timer_ready(self) -> StageTimer:
         if self._timer is None:
-            from runtime.model import _kernel_library, _lookup
+            from runtime.model import kernel_library, lookup_kernel
 
             if self._library is None:
                 self._library = tvm.compile(self.program.mod, self.target)
-            lib = _kernel_library(self._library)
+            lib = kernel_library(self._library)
             merged = self._merged_kernels
 
             def lookup(name):  # the model's kernels, then the merged kernels built for merge stages
-                return merged[name] if name in merged else _lookup(lib, name)
+                return merged[name] if name in merged else lookup_kernel(lib, name)
 
             self._timer = StageTimer(lookup, warmup=self.warmup, repeat=self.repeat)
         return self._timer
@@ -175,7 +175,7 @@ class MeasuredCostModel(CostModel):
         """The kernel calls of one merged subset (merged conv, split), building and caching its kernels."""
         import hashlib
 
-        from runtime.model import _kernel_library, _lookup
+        from runtime.model import kernel_library, lookup_kernel
 
         from ..merge import build_merged_kernel
 
@@ -184,9 +184,9 @@ class MeasuredCostModel(CostModel):
         if mkey not in self._merged_calls:
             suffix = "m" + hashlib.sha1("|".join(mkey).encode()).hexdigest()[:12]
             kern = build_merged_kernel(self.program, [u.name for u in units], suffix=suffix, target=self.target)
-            lib = _kernel_library(kern.compile(self.target))
+            lib = kernel_library(kern.compile(self.target))
             for name in kern.funcs:
-                fn = _lookup(lib, name)
+                fn = lookup_kernel(lib, name)
                 if fn is None:  # pragma: no cover - compile exports every kernel under its name
                     raise RuntimeError(f"merged kernel {name} missing from its library")
                 self._merged_kernels[name] = fn

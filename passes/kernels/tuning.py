@@ -644,7 +644,7 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
         extracted = [t for t in extracted if not _is_scheduled(t.dispatched[0]["main"])]
         if op_names:
             extracted = [t for t in extracted if any(o in t.task_name for o in op_names)]
-        from ..extract import _prim_func_flops
+        from ..extract import prim_func_flops
 
         reports: list[tuple] = []
         for t in extracted:
@@ -653,7 +653,7 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
             n, best = records.for_task(tmod)
             st = state["tasks"].setdefault(key, {})
             st.setdefault("name", t.task_name)
-            rep = TaskReport(name=t.task_name, weight=int(t.weight), flops=_prim_func_flops(tmod["main"]),
+            rep = TaskReport(name=t.task_name, weight=int(t.weight), flops=prim_func_flops(tmod["main"]),
                              trials=n, best_ms=None if best is None else best * 1e3)
             reports.append((t, tmod, key, rep))
             report.tasks.append(rep)
