@@ -43,7 +43,8 @@ def attach_runtime_payload(mod: tvm.IRModule, program: Program, plan: ExecutionP
 
 def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                   target: "str | tvm.target.Target" = "llvm", max_streams: int = 8, mode: str | None = None,
-                  cuda_graph: bool = False, check_memory: bool = True, candidates: bool | None = None):
+                  cuda_graph: bool = False, check_memory: bool = True, candidates: bool | None = None,
+                  cuda_arches: list[str] | None = None):
     """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
 
     CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
@@ -51,7 +52,8 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     pipeline, on the IR it compiles (``passes.as_built``), and the build raises :class:`InteropError` for an
     unsafe program. ``candidates`` (default: on for GPU targets): the library also carries the other
     synchronisation mode and sequential, each direct and as a CUDA graph, for the runtime to pick from by
-    measurement (``passes.candidates``, ``runtime.picker``). What was decided (streams, CUDA graph and why not,
+    measurement (``passes.candidates``, ``runtime.picker``). ``cuda_arches``: the arches the kernels are compiled
+    for (default: the target's), recorded for the runtime's arch check. What was decided (streams, CUDA graph and why not,
     the candidates, the memory check) is recorded in ``plan.meta`` before the plan is embedded.
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
@@ -65,6 +67,10 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     if candidates is None:
         candidates = target.kind.name != "llvm"
 
+    if is_cuda:
+        from .cuda_build import requested_arches
+
+        arches = list(cuda_arches) if cuda_arches else requested_arches(target)
     refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
 
     def graph_ok(low):
@@ -89,13 +95,15 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                 "memory_check": "as-built IR, after KillAfterLastUse" if check_memory else "off"}
         if candidates:
             meta["candidates"], meta["default_candidate"] = describe(vs)
+        if is_cuda:
+            meta["cuda_arches"] = list(arches)
         plan.meta.update(meta)
         lowered = attach_runtime_payload(merge_modules(vs), program, plan)
         try:
             if is_cuda:
                 checks = [memory_check_pass(checked)] if check_memory else []
                 return build_cuda(lowered, target, cuda_graph=bool(graph_functions(vs)),
-                                  graph_funcs=graph_functions(vs), after_kill=checks)
+                                  graph_funcs=graph_functions(vs), after_kill=checks, arches=arches)
             if check_memory:
                 return build_checked_cpu(lowered, target, checked), None
             return tvm.compile(lowered, target), None

@@ -46,6 +46,29 @@ def default_arch() -> str:
     return os.environ.get("TVM_INTEROP_CUDA_ARCH", DEFAULT_ARCH)
 
 
+def codegen_arch(arch) -> str:
+    """The arch TVM generates code for when several are requested (``sm_80,sm_90``): the oldest, so the
+    generated source uses no feature a requested GPU lacks; every requested arch gets its own cubin
+    (``passes.cuda_compile``)."""
+    from .cuda_compile import parse_arches
+
+    return parse_arches(arch)[0]
+
+
+def requested_arches(target, arch=None) -> list[str]:
+    """The arches to compile kernels for: ``arch`` (``"sm_80,sm_90"`` or a list), else those written in a target
+    string (``cuda -arch=sm_80,sm_90``), else the target's arch."""
+    from .cuda_compile import parse_arches
+
+    if arch:
+        return parse_arches(arch)
+    if isinstance(target, str) and "-arch=" in target:
+        return parse_arches(target.split("-arch=", 1)[1].split()[0])
+    if isinstance(target, dict) and target.get("arch"):
+        return parse_arches(target["arch"])
+    return parse_arches(normalize_target(target).attrs["arch"])
+
+
 def normalize_target(target) -> tvm.target.Target:
     """A ``tvm.target.Target`` from ``"cuda"``, ``"cuda -arch=sm_80"``, ``{"kind": "cuda", ...}``, ``"llvm"``,
     or a Target; a CUDA target without ``arch`` gets :func:`default_arch`."""
@@ -79,6 +102,7 @@ def normalize_target(target) -> tvm.target.Target:
         d = {**CUDA_DEFAULTS, **d}
         if not d.get("arch"):
             d["arch"] = default_arch()
+        d["arch"] = codegen_arch(d["arch"])
     try:
         return tvm.target.Target(d if len(d) > 1 else d["kind"])
     except Exception as e:  # noqa: BLE001 - TVM raises several types here
@@ -122,6 +146,7 @@ class CudaBuildReport:
     notes: list[str] = field(default_factory=list)
     reasons: dict = field(default_factory=dict)          # function -> why it has no CUDA graph
     graph_functions: list = field(default_factory=list)  # functions that run as captured graphs
+    arches: list = field(default_factory=list)           # SASS arches of the compiled kernels
 
     def to_json(self) -> dict:
         return {"cuda_graph_requested": self.cuda_graph_requested, "cuda_graph": self.cuda_graph,
@@ -290,6 +315,7 @@ def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport 
 
 
 KILL_PASS = "KillAfterLastUse"
+UNSAFE_MARKER = "stream program is not memory-safe"
 
 
 def insert_after(passes: list, name: str, extra) -> list:
@@ -332,10 +358,12 @@ def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
 
 
 def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=None, strict: bool = True,
-               after_kill: tuple = ()):
+               after_kill: tuple = (), arches: list[str] | None = None):
     """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``.
     ``graph_funcs``: the functions to capture as CUDA graphs (default: the lowering's graph variant).
-    ``after_kill``: passes run right after ``KillAfterLastUse`` (the memory check of ``passes.as_built``)."""
+    ``after_kill``: passes run right after ``KillAfterLastUse`` (the memory check of ``passes.as_built``).
+    ``arches``: the SASS arches the kernels are compiled for (default: the target's); the fatbin is made here,
+    so the build fails on an nvcc error, and ``passes.cuda_compile.export_cuda_library`` ships it."""
     target = normalize_target(target)
     if target.kind.name != "cuda":
         raise InteropError(f"build_cuda needs a CUDA target, got {target.kind.name}")
@@ -352,7 +380,14 @@ def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=N
     except InteropError:
         raise
     except Exception as e:  # noqa: BLE001 - nvcc / codegen errors come as several types
-        msg = str(e).strip().splitlines()
+        text = str(e)
+        if UNSAFE_MARKER in text:  # the memory check refused the program (TVM re-raised it under its own type)
+            raise InteropError(text[text.index(UNSAFE_MARKER):].strip()) from None
+        msg = text.strip().splitlines()
         raise InteropError(f"CUDA build failed: {msg[-1] if msg else type(e).__name__}") from e
+    from .cuda_compile import compile_library_kernels
+
+    report.arches = list(arches or requested_arches(target))
+    compile_library_kernels(ex, report.arches)
     report.seconds = time.perf_counter() - t0
     return ex, report

@@ -126,6 +126,32 @@ def check_cuda_device(device_id: int = 0):
     return dev
 
 
+def arch_mismatch(arches: list[str], compute_version: str, device_name: str = "this GPU") -> str | None:
+    """Why a library whose kernels were compiled for ``arches`` (``["sm_80", "sm_90"]``) cannot run on a GPU of
+    ``compute_version`` (``"8.0"``), or None when one of them can: a cubin runs on GPUs of the same major
+    version and an equal or newer minor version (``sm_90a`` and newer majors never run older majors' SASS)."""
+    if not arches:
+        return None
+    try:
+        major, minor = (int(x) for x in str(compute_version).split(".")[:2])
+    except ValueError:
+        return None
+    for a in arches:
+        cc = a[3:].rstrip("a")
+        if len(cc) >= 2 and int(cc[:-1]) == major and int(cc[-1]) <= minor:
+            return None
+    have = f"sm_{major}{minor}"
+    return (f"this library was built for {', '.join(arches)}, but {device_name} is {have}: its kernels cannot "
+            f"run here; rebuild with --arch {have} (or --arch {','.join(sorted(set(arches) | {have}))} for both)")
+
+
+def check_arch(arches: list[str], device) -> None:
+    """Raise DeviceError when ``device`` (a CUDA device) has no binary in a library built for ``arches``."""
+    why = arch_mismatch(arches, device.compute_version, f"this GPU ({device.device_name})")
+    if why:
+        raise DeviceError(why)
+
+
 def is_cuda_loader_error(e: BaseException) -> bool:
     """True when ``tvm.runtime.load_module`` failed because TVM's CUDA runtime is missing."""
     text = str(e)

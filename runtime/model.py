@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_cuda_device, ensure_cuda_runtime,
+from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda_device, ensure_cuda_runtime,
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
 from .plan import ExecutionPlan
@@ -87,6 +87,8 @@ class ScheduledModel:
                 raise ExportError(f"this library is not a tvm-interop model (no {PLAN_FUNC}): {e}") from None
             plan = ExecutionPlan.loads(str(plan_fn()))
         self.plan = plan
+        if device_kind == "cuda" and self._device is not None:  # the device was needed to read the plan
+            check_arch(plan.meta.get("cuda_arches") or [], self._device)
         self.mode = mode or self.plan.meta.get("mode", "stage")
         self.cuda_graph = bool(self.plan.meta.get("cuda_graph", False)) if cuda_graph is None else bool(cuda_graph)
         self._cuda_graph_requested = cuda_graph
@@ -149,7 +151,10 @@ class ScheduledModel:
 
     def device(self):
         if self._device is None:
-            self._device = device_for(self.device_kind)
+            dev = device_for(self.device_kind)
+            if self.device_kind == "cuda" and getattr(self, "plan", None) is not None:
+                check_arch(self.plan.meta.get("cuda_arches") or [], dev)
+            self._device = dev
         return self._device
 
     # ------------------------------------------------------------------ executors
@@ -313,14 +318,17 @@ def vm_to_numpy(out):
     return [vm_to_numpy(o) for o in out]
 
 
-def export_library(library, path: str) -> None:
-    """Write the library atomically: a failure never replaces a previous good file."""
+def export_library(library, path: str, **export_options) -> None:
+    """Write the library atomically: a failure never replaces a previous good file. ``export_options`` go to
+    TVM's ``export_library`` (``passes.cuda_compile`` packs CUDA binaries through ``fpack_imports``)."""
     from . import atomic
 
     path = os.fspath(path)
     try:
         with atomic.atomic_path(path, suffix=".so") as tmp:
-            library.export_library(tmp)
+            library.export_library(tmp, **export_options)
+    except InteropError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"could not export the model to {path}: {e}") from None
 

@@ -144,11 +144,17 @@ def _merge(mods) -> "tvm.IRModule":
     return tvm.IRModule(funcs)
 
 
-def _export_xz(ex, path: str) -> None:
-    """Export the library and keep it xz-compressed (``path + '.xz'``): kernel libraries shrink ~40x."""
+def _export_xz(ex, path: str, arches: list[str] | None = None) -> None:
+    """Export the library and keep it xz-compressed (``path + '.xz'``): kernel libraries shrink ~40x. CUDA
+    libraries carry fatbins for ``arches`` (``passes.cuda_compile``), so the device needs TVM's runtime only."""
     import lzma
 
-    ex.export_library(path)
+    if arches:
+        from passes.cuda_compile import export_cuda_library
+
+        export_cuda_library(ex, path, arches)
+    else:
+        ex.export_library(path)
     with open(path, "rb") as f, lzma.open(path + ".xz.tmp", "wb", preset=6) as g:
         g.write(f.read())
     os.replace(path + ".xz.tmp", path + ".xz")
@@ -210,9 +216,15 @@ def cmd_build(args) -> int:
     else:
         log(f"target {target.kind.name}: a CPU dry run of the check (no CUDA graphs)")
 
-    def build(mod, graph_funcs, strict=True):
+    arches = [target.attrs["arch"]] if gpu else None
+
+    def build(mod, graph_funcs, strict=True, check=False):
         if gpu:
-            return build_cuda(mod, target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict)
+            from passes.as_built import memory_check_pass
+
+            # the scheduled library is checked inside the build, on the IR it compiles (the build refuses it)
+            return build_cuda(mod, target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict,
+                              after_kill=[memory_check_pass()] if check else (), arches=arches)
         from passes.cuda_build import CudaBuildReport
 
         import tvm
@@ -253,7 +265,7 @@ def cmd_build(args) -> int:
             if main_fn.attrs is not None and "global_symbol" in main_fn.attrs else main_fn
         ex, rep = build(plain, ["main_graph"] if gpu else [], strict=False)
         plain_path = os.path.join("libs", f"{name}.plain.so")
-        _export_xz(ex, os.path.join(out, plain_path))
+        _export_xz(ex, os.path.join(out, plain_path), arches)
         entry["plain"] = {"library": plain_path}
         entry["variants"].append({"name": "plain TVM", "library": plain_path, "function": "main", "streams": None,
                                   "cuda_graph": False})
@@ -281,8 +293,8 @@ def cmd_build(args) -> int:
                 lowered.append(low.mod)
                 graph_funcs.append(prefix + MAIN_GRAPH_FUNC)
                 pending.append((sname, mode, prefix, low, sched))
-        ex, rep = build(_merge(lowered), graph_funcs if gpu else [])
-        _export_xz(ex, os.path.join(out, sched_path))
+        ex, rep = build(_merge(lowered), graph_funcs if gpu else [], check=True)
+        _export_xz(ex, os.path.join(out, sched_path), arches)
         for sname, mode, prefix, low, sched in pending:
             label = sname if mode == "stage" else f"{sname} ({mode})"
             common = {"library": sched_path, "streams": prefix + "__tvm_interop_streams",

@@ -110,3 +110,16 @@ def test_pipeline_pass_refuses_an_unsafe_program(branchy_model, monkeypatch):
         tvm.compile(branchy_model, "llvm", relax_pipeline=pipeline(scheduler="greedy"))
     monkeypatch.setattr(ls, "lower_to_relax", real)
     tvm.compile(branchy_model, "llvm", relax_pipeline=pipeline(scheduler="greedy"))
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="CUDA builds need nvcc")
+def test_cuda_build_with_the_check_refuses_an_unsafe_program(branchy_model):
+    """``build_cuda(..., after_kill=[memory_check_pass()])`` (the GPU check's libraries) names the violation."""
+    from passes.as_built import memory_check_pass
+    from passes.cuda_build import build_cuda
+    from runtime.errors import InteropError
+
+    program = tvm_interop.api.prepare_program(branchy_model, CUDA)
+    low = lower_program(program, schedule_graph(program.graph, "greedy"), CUDA, keep_alive=False)
+    with pytest.raises(InteropError, match=r"not memory-safe \(\d+ violation\(s\)\):\n  \[storage\]"):
+        build_cuda(low.mod, CUDA, cuda_graph=False, after_kill=[memory_check_pass()])

@@ -90,7 +90,15 @@ class CompiledModel:
         return self.runner.benchmark(*inputs, repeat=repeat, warmup=warmup)
 
     def export(self, path: str) -> None:
-        self.runner.export(path)
+        """Write the deployable ``.so``. A CUDA model's kernels go in as fatbins for the compiled arches
+        (``plan.meta["cuda_arches"]``), never as source: the library loads with TVM's runtime alone."""
+        arches = self.plan.meta.get("cuda_arches")
+        if arches:
+            from passes.cuda_compile import export_cuda_library
+
+            export_cuda_library(self.runner.library, path, arches)
+        else:
+            self.runner.export(path)
 
     @property
     def plan(self):
@@ -122,7 +130,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             shape_dict: dict | None = None, guard: bool | None = None, cost_cache=None,
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
-            tuning_db: str | None = None, candidates: bool | None = None) -> CompiledModel:
+            tuning_db: str | None = None, candidates: bool | None = None,
+            cuda_arch: "str | list[str] | None" = None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -141,6 +150,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     measured or built (kernels without a record keep their default schedule).
     ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
     the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
+    ``cuda_arch``: the GPU arches whose binaries the library carries (``"sm_80,sm_90"``; default: the target's
+    arch, ``cuda -arch=sm_80,sm_90`` also works); a GPU of another arch is refused at load with a clear error.
     ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
     synchronisation mode and sequential, each direct and as a CUDA graph; on the device the fastest is picked
     by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
@@ -162,6 +173,16 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     from passes.cuda_build import normalize_target
 
     target_text = _target_text(target)
+    arches = None
+    if _target_device_kind(normalize_target(target)) == "cuda":
+        from passes.cuda_build import requested_arches
+
+        arches = requested_arches(target, cuda_arch)
+        # code is generated for the oldest requested arch, so it uses nothing a requested GPU lacks
+        target = dict(normalize_target(target).export(), arch=arches[0])
+        target_text = f"cuda -arch={','.join(arches)}"
+    elif cuda_arch:
+        raise InteropError(f"cuda_arch={cuda_arch!r} needs a CUDA target, not {target_text!r}")
     target = normalize_target(target)
     device_kind = _target_device_kind(target)
     if cuda_graph is None:
@@ -222,7 +243,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
         return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
-                                candidates=candidates)
+                                candidates=candidates, cuda_arches=arches)
 
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t

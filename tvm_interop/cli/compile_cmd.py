@@ -10,6 +10,9 @@ def register(sub) -> None:
                        epilog="example: tvm-interop compile inception_v3 --target llvm --scheduler greedy -o m.so")
     add_model_args(p)
     p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    p.add_argument("--arch", default=None,
+                   help="CUDA targets: GPU arches to carry binaries for, e.g. sm_80,sm_90 (default: the target's, "
+                        "sm_90)")
     p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios (default greedy)")
     p.add_argument("--cost", default=None,
                    help="cost model for the scheduler: sim:cpu | sim:h100 | ... | table:FILE | measured (stages timed "
@@ -38,7 +41,7 @@ def run(args) -> int:
         cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
                                  schedule=args.schedule, mode=args.mode, batch_size=args.batch,
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
-                                 tuning_db=args.tuning_db, candidates=args.candidates)
+                                 tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch)
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:
