@@ -27,6 +27,14 @@ the three steps; its header has the exact recipe for this workplace's device too
     after ``--warmup`` runs. PyTorch eager (the same network from the op list, cuDNN) when ``torch`` with CUDA
     is importable. Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``.
 
+    Then, per scheduler, the candidate programs a compiled library would carry (that scheduler's variants and
+    the sequential ones) are timed again interleaved and chosen as ``runtime.picker`` does: the report says what
+    ships and that it is never slower than sequential. The report records device, driver, nvcc, TVM, Python.
+
+``diagnose`` (there: runtime only)
+    Every concurrent variant runs ``--runs`` times on the same inputs, then again in a child process with
+    ``CUDA_LAUNCH_BLOCKING=1``; each is classified exact / racy / wrong (``gpu_check_diagnose.json`` / ``.md``).
+
 ``report`` (here)
     Copies a run's JSON into ``docs/gpu_check.json`` and renders ``docs/gpu_check.md``.
 """
@@ -334,7 +342,13 @@ def _library(d: str, lib: str) -> str:
     path = os.path.join(d, lib)
     if os.path.exists(path):
         return path
-    target = os.path.join(tempfile.gettempdir(), "gpu_check_libs", os.path.basename(lib))
+    # keyed by the compressed file's identity: a library rebuilt under the same name is never served stale
+    st = os.stat(path + ".xz")
+    tag = f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    import hashlib
+
+    target = os.path.join(tempfile.gettempdir(), "gpu_check_libs", hashlib.sha256(tag.encode()).hexdigest()[:16],
+                          os.path.basename(lib))
     if not os.path.exists(target):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with lzma.open(path + ".xz", "rb") as f, open(target + ".tmp", "wb") as g:
@@ -397,14 +411,14 @@ def run_torch_program(prog, device, seed: int = 0, consts=None, inputs=None):
 
     g = torch.Generator().manual_seed(seed)
 
-    def rand(shape):
+    def rand(shape):  # a tuple, not *shape: a scalar constant (shape []) is randn(()), not randn()
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        return (torch.randn(*shape, generator=g) / max(1.0, fan_in) ** 0.5).to(device)
+        return (torch.randn(tuple(shape), generator=g) / max(1.0, fan_in) ** 0.5).to(device)
 
     consts = [torch.as_tensor(c).to(device) for c in consts] if consts is not None else \
         [rand(c["shape"]) for c in prog["consts"]]
     inputs = [torch.as_tensor(x).to(device) for x in inputs] if inputs is not None else \
-        [torch.randn(*s, generator=g).to(device) for s in prog["inputs"]]
+        [torch.randn(tuple(s), generator=g).to(device) for s in prog["inputs"]]
 
     def pad4(p):  # relax (top, left, bottom, right) -> F.pad (left, right, top, bottom)
         return (p[1], p[3], p[0], p[2])
@@ -489,6 +503,85 @@ def run_torch_program(prog, device, seed: int = 0, consts=None, inputs=None):
     return run
 
 
+def _command_output(cmd: list[str]) -> str | None:
+    import shutil
+    import subprocess
+
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment(dev, is_gpu: bool) -> dict:
+    """What the numbers were measured on: device, driver, CUDA, nvcc, TVM, Python (runtime-only queries; a
+    missing tool reads "not found")."""
+    import tvm
+
+    env = {"tvm": tvm.__version__, "python": platform.python_version(), "host": platform.node()}
+    if is_gpu:
+        env.update(device=dev.device_name, compute_version=dev.compute_version,
+                   multi_processors=dev.multi_processor_count)
+        smi = _command_output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                               "--format=csv,noheader"])
+        env["driver"] = smi.splitlines()[0].split(",")[1].strip() if smi else "not found"
+        cuda = _command_output(["nvidia-smi"])
+        env["cuda_driver_api"] = next((ln.split("CUDA Version:")[1].split("|")[0].strip()
+                                       for ln in (cuda or "").splitlines() if "CUDA Version:" in ln), "not found")
+    else:
+        env.update(device=f"CPU ({platform.processor() or platform.machine()})", compute_version=None,
+                   multi_processors=os.cpu_count(), driver=None, cuda_driver_api=None)
+    nvcc = _command_output(["nvcc", "--version"])
+    env["nvcc"] = nvcc.splitlines()[-1].strip() if nvcc else "not found"
+    try:
+        import torch
+
+        env["torch"] = f"{torch.__version__} (cuda {torch.version.cuda})"
+    except ImportError:
+        env["torch"] = "not installed"
+    return env
+
+
+def _pick_per_scheduler(calls: dict, sync, rounds: int) -> dict:
+    """For each scheduler, what the runtime's picker would ship from the candidates a library compiled with it
+    carries (its variants in both modes, direct and CUDA graph, and the sequential ones), timed interleaved."""
+    seq = {n: c for n, c in calls.items() if n.startswith("sequential")}
+    if not seq or rounds <= 0:
+        return {}
+    out = {}
+    scheds = sorted({n.split(" ")[0] for n in calls} - {"sequential", "plain"})
+    for s in scheds:
+        mine = {n: c for n, c in calls.items() if n.split(" ")[0] == s}
+        out[s] = _interleaved_pick({**mine, **seq}, sync, rounds)
+    return out
+
+
+def _interleaved_pick(calls: dict, sync, rounds: int) -> dict:
+    """Time ``calls`` (name -> callable) in interleaved rounds and choose as the runtime does
+    (``runtime.picker.choose``: lowest median, ties within 1% to the earlier name)."""
+    import numpy as np
+
+    from runtime.picker import TIE, choose
+
+    names = list(calls)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            calls[n]()
+            sync()
+            times[n].append(time.perf_counter() - t0)
+    choice = choose(times, names)
+    med = {n: float(np.median(t)) * 1e3 for n, t in times.items()}
+    seq = min(v for n, v in med.items() if n.startswith("sequential"))
+    return {"choice": choice, "median_ms": med[choice], "best_sequential_ms": seq, "speedup": seq / med[choice],
+            "never_slower": med[choice] <= seq * (1 + TIE), "candidates": med, "rounds": rounds}
+
+
 def cmd_run(args) -> int:
     import numpy as np
     import tvm
@@ -507,7 +600,7 @@ def cmd_run(args) -> int:
     else:
         dev = tvm.cpu(0)
     is_gpu = dev.dlpack_device_type() != 1 if hasattr(dev, "dlpack_device_type") else True
-    result = {"format": "tvm-interop-gpu-check-result", "version": 1,
+    result = {"format": "tvm-interop-gpu-check-result", "version": 1, "environment": environment(dev, is_gpu),
               "device": dev.device_name if is_gpu else f"CPU ({platform.processor() or platform.machine()})",
               "compute_version": dev.compute_version if is_gpu else None,
               "multi_processors": dev.multi_processor_count if is_gpu else os.cpu_count(),
@@ -543,6 +636,7 @@ def cmd_run(args) -> int:
 
         model = {"name": entry["name"], "units": entry["units"], "image_size": entry["image_size"], "variants": []}
         ref = None
+        calls: dict = {}
         for var in entry["variants"]:
             rec = {k: var.get(k) for k in ("name", "cuda_graph", "num_streams", "stages", "max_concurrency", "mode",
                                           "predicted_ms", "note")}
@@ -563,6 +657,8 @@ def cmd_run(args) -> int:
                 rec["max_abs_err"] = err
                 rec["ok"] = bool(err <= 1e-4 * scale + 1e-5)
                 rec.update(_bench(lambda: fn(*x_dev, *w_dev, *extra), dev.sync, args.warmup, args.repeat))
+                if rec["ok"]:
+                    calls[var["name"]] = (lambda f=fn, e=tuple(extra): f(*x_dev, *w_dev, *e))
             except Exception as e:  # noqa: BLE001 - record and go on with the other variants
                 rec["ok"] = False
                 rec["error"] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
@@ -570,6 +666,10 @@ def cmd_run(args) -> int:
             log(f"  {entry['name']:16s} {rec['name']:32s} "
                 + (f"{rec['median_ms']:8.3f} ms  err {rec['max_abs_err']:.1e}" if "median_ms" in rec
                    else f"FAILED: {rec.get('error')}"))
+        model["picked"] = _pick_per_scheduler(calls, dev.sync, args.pick_rounds)
+        for sname, pk in model["picked"].items():
+            log(f"  {entry['name']:16s} picked for {sname}: {pk['choice']} {pk['median_ms']:.3f} ms "
+                f"({pk['speedup']:.2f}x of the best sequential; never slower: {pk['never_slower']})")
         if have_torch and entry.get("torch_program"):
             rec = {"name": "PyTorch eager (cuDNN)", "cuda_graph": False, "note": "random weights: latency only"}
             try:
@@ -602,6 +702,142 @@ def cmd_run(args) -> int:
     return 0 if not bad else 1
 
 
+# ============================================================================================== diagnose (there)
+def _open_device(manifest: dict):
+    import tvm
+
+    from runtime.cuda import check_cuda_device, ensure_cuda_runtime
+
+    if manifest.get("device", "cuda") == "cuda":
+        ensure_cuda_runtime()
+        return check_cuda_device(0), True
+    return tvm.cpu(0), False
+
+
+def _outputs_of_runs(args, manifest, entry, dev, runs: int) -> dict:
+    """name -> {"ref": bool, "outputs": [numpy outputs of each run]} for plain TVM and every concurrent variant
+    (each run on the same inputs and weights; a full device sync between runs)."""
+    import numpy as np
+    import tvm
+    from tvm.runtime import vm as rvm
+
+    rng = np.random.default_rng(manifest["seed"])
+    xs = [tvm.runtime.tensor(rng.standard_normal(tuple(s["shape"])).astype(s["dtype"]), dev)
+          for s in entry["inputs"]]
+    ws = _weights(entry, manifest["seed"] + 1, lambda a: tvm.runtime.tensor(a, dev))
+    vms, streams, out = {}, {}, {}
+    for var in entry["variants"]:
+        if var["name"] != "plain TVM" and not var.get("num_streams"):
+            continue
+        if var["library"] not in vms:
+            vms[var["library"]] = rvm.VirtualMachine(tvm.runtime.load_module(_library(args.dir, var["library"])), dev)
+        vm = vms[var["library"]]
+        extra = []
+        if var.get("streams"):
+            key = (var["library"], var["streams"])
+            if key not in streams:
+                streams[key] = vm[var["streams"]]()
+            extra = [streams[key]]
+        fn = vm[var["function"]]
+        res = []
+        for _ in range(1 if var["name"] == "plain TVM" else runs):
+            res.append(_to_numpy(fn(*xs, *ws, *extra)))
+            dev.sync()
+        out[var["name"]] = res
+    for (lib, name), hs in streams.items():
+        try:
+            vms[lib][name.replace("__tvm_interop_streams", "__tvm_interop_free_streams")](hs)
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def _spread(outputs: list, ref) -> dict:
+    errs = [_max_err(o, ref) for o in outputs]
+    between = max((_max_err(a, outputs[0]) for a in outputs[1:]), default=0.0)
+    return {"max_err": max(errs), "run_to_run": between, "runs": len(outputs)}
+
+
+def cmd_diagnose(args) -> int:
+    """Run every concurrent variant several times, then again serialized (``CUDA_LAUNCH_BLOCKING=1``, in a
+    child process): a variant whose outputs differ between runs or from plain TVM but are exact when
+    serialized has a race (what found the keep-alive bug on the H100)."""
+    import subprocess
+
+    with open(os.path.join(args.dir, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    dev, is_gpu = _open_device(manifest)
+    only = set(args.models.split(",")) if args.models else None
+    models = []
+    for entry in manifest["models"]:
+        if only and entry["name"] not in only:
+            continue
+        runs = _outputs_of_runs(args, manifest, entry, dev, args.runs)
+        ref = runs.pop("plain TVM")[0]
+        scale = max(1e-6, float(__import__("numpy").max(__import__("numpy").abs(
+            ref if not isinstance(ref, list) else ref[0]))))
+        tol = 1e-4 * scale + 1e-5
+        models.append({"name": entry["name"], "tolerance": tol,
+                       "variants": [{"name": n, **_spread(o, ref)} for n, o in runs.items()]})
+        print(f"  {entry['name']}: {len(runs)} concurrent variants x {args.runs} runs", file=sys.stderr, flush=True)
+    result = {"format": "tvm-interop-gpu-diagnose", "version": 1, "serialized": bool(args.serialized),
+              "environment": environment(dev, is_gpu), "runs": args.runs, "models": models}
+    os.makedirs(args.out, exist_ok=True)
+    if args.serialized:
+        with open(os.path.join(args.out, "serialized.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        return 0
+    child = os.path.join(args.out, "serialized")
+    cmd = [sys.executable, os.path.abspath(__file__), "diagnose", "--dir", args.dir, "--out", child, "--runs",
+           str(args.runs), "--serialized"] + (["--models", args.models] if args.models else [])
+    proc = subprocess.run(cmd, env=dict(os.environ, CUDA_LAUNCH_BLOCKING="1"), capture_output=True, text=True)
+    serial = {}
+    if proc.returncode == 0:
+        with open(os.path.join(child, "serialized.json"), encoding="utf-8") as f:
+            serial = {(m["name"], v["name"]): v for m in json.load(f)["models"] for v in m["variants"]}
+    else:
+        result["serialized_error"] = proc.stderr.strip().splitlines()[-1:] if proc.stderr else ["failed"]
+    for m in models:
+        for v in m["variants"]:
+            s = serial.get((m["name"], v["name"]))
+            v["serialized"] = s
+            v["verdict"] = classify(v, s, m["tolerance"])
+    with open(os.path.join(args.out, "gpu_check_diagnose.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "gpu_check_diagnose.md"), "w", encoding="utf-8") as f:
+        f.write(render_diagnose(result))
+    bad = [v for m in models for v in m["variants"] if v["verdict"] != "exact"]
+    print(f"wrote {args.out}/gpu_check_diagnose.json and .md; {len(bad)} variant(s) not exact", file=sys.stderr)
+    return 0 if not bad else 1
+
+
+def classify(run: dict, serialized: dict | None, tol: float) -> str:
+    """exact | racy (differs between runs or from plain TVM, exact serialized) | wrong (wrong serialized too)
+    | unknown (no serialized run)."""
+    if run["max_err"] <= tol and run["run_to_run"] <= tol:
+        return "exact"
+    if serialized is None:
+        return "unknown"
+    return "racy" if serialized["max_err"] <= tol and serialized["run_to_run"] <= tol else "wrong"
+
+
+def render_diagnose(result: dict) -> str:
+    env = result.get("environment", {})
+    lines = ["# GPU check: diagnose", "", "Environment: " + "; ".join(f"{k} {v}" for k, v in env.items()), "",
+             f"Each concurrent variant ran {result['runs']} times on the same inputs, then again with "
+             "`CUDA_LAUNCH_BLOCKING=1` (serialized). racy = wrong or unstable only when concurrent.", ""]
+    for m in result["models"]:
+        lines += [f"## {m['name']}", "", "| variant | max err | run-to-run | serialized max err | verdict |",
+                  "|---|---:|---:|---:|---|"]
+        for v in m["variants"]:
+            s = v.get("serialized")
+            lines.append(f"| {v['name']} | {v['max_err']:.1e} | {v['run_to_run']:.1e} | "
+                         f"{s['max_err']:.1e} | {v['verdict']} |" if s else
+                         f"| {v['name']} | {v['max_err']:.1e} | {v['run_to_run']:.1e} | — | {v['verdict']} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 # ============================================================================================== report
 def render_markdown(result: dict) -> str:
     b = result.get("build", {})
@@ -619,6 +855,9 @@ def render_markdown(result: dict) -> str:
         "Produced by `scripts/gpu_check.sh` (build here, run on the GPU machine with TVM's runtime only).",
         "",
     ]
+    env = result.get("environment")
+    if env:
+        lines += ["Environment: " + "; ".join(f"{k} {v}" for k, v in env.items()), ""]
     for m in result.get("models", []):
         lines += [f"## {m['name']} ({m['units']} units, {m['image_size']}x{m['image_size']})", "",
                   "| variant | median ms | p90 ms | vs plain TVM | streams | stages | CUDA graph | output |",
@@ -637,6 +876,15 @@ def render_markdown(result: dict) -> str:
                          f"{v.get('stages') or ''} | {graph} | {ok} |" if med is not None else
                          f"| {v['name']} | — | — | | | | {graph} | {ok} |")
         lines.append("")
+        if m.get("picked"):
+            lines += ["What the runtime's candidate picker ships (interleaved timing of a library's candidates: the "
+                      "scheduler's variants and sequential):", "",
+                      "| scheduler | picked | median ms | best sequential ms | speed-up | never slower |",
+                      "|---|---|---:|---:|---:|---|"]
+            for s, pk in m["picked"].items():
+                lines.append(f"| {s} | {pk['choice']} | {pk['median_ms']:.3f} | {pk['best_sequential_ms']:.3f} | "
+                             f"{pk['speedup']:.2f}x | {'yes' if pk['never_slower'] else 'NO'} |")
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -665,7 +913,7 @@ def main(argv=None) -> int:
     b.add_argument("--batch", type=int, default=1)
     b.add_argument("--target", default="cuda -arch=sm_90")
     b.add_argument("--schedulers", default=",".join(SCHEDULERS))
-    b.add_argument("--modes", default="stage", help="stage, dependency or both (comma-separated)")
+    b.add_argument("--modes", default="stage,dependency", help="stage, dependency or both (comma-separated)")
     b.add_argument("--cost", default="sim:h100")
     b.add_argument("--max-streams", type=int, default=8)
     b.add_argument("--seed", type=int, default=0)
@@ -677,7 +925,16 @@ def main(argv=None) -> int:
     r.add_argument("--repeat", type=int, default=200)
     r.add_argument("--warmup", type=int, default=20)
     r.add_argument("--models", default=None)
+    r.add_argument("--pick-rounds", type=int, default=30,
+                   help="interleaved rounds of the candidate pick per scheduler (0: skip)")
     r.set_defaults(func=cmd_run)
+    g = sub.add_parser("diagnose", help="there: run concurrent variants repeatedly, and serialized; find races")
+    g.add_argument("--dir", default=DEFAULT_DIR)
+    g.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
+    g.add_argument("--runs", type=int, default=4)
+    g.add_argument("--models", default=None)
+    g.add_argument("--serialized", action="store_true", help=argparse.SUPPRESS)
+    g.set_defaults(func=cmd_diagnose)
     q = sub.add_parser("report", help="here: docs/gpu_check.json + .md from a run's JSON")
     q.add_argument("result")
     q.set_defaults(func=cmd_report)

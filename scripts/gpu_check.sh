@@ -20,6 +20,9 @@
 #      TVM_USE_RUNTIME_LIB=1 and runs `python3 scripts/gpu_check.py run --dir .gpu_check --out $OUT`
 #      (extra arguments go to it: --repeat 200 --warmup 20 --models a,b). It writes $OUT/gpu_check.json and
 #      $OUT/gpu_check.md, which the tool copies back (files_at).
+#      `bash scripts/gpu_check.sh diagnose [--runs 4]` (same carry) runs every concurrent variant several times and
+#      again serialized (CUDA_LAUNCH_BLOCKING=1): exact / racy / wrong per variant ($OUT/gpu_check_diagnose.*).
+#      The libraries hold fatbins (sm_90 unless --target says otherwise): nothing is compiled on the device.
 #   3. here:
 #        scripts/gpu_check.sh report <files_at>/gpu_check.json      # -> docs/gpu_check.json, docs/gpu_check.md
 set -euo pipefail
@@ -47,13 +50,24 @@ case "$step" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     exec python3 scripts/gpu_check.py run --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
     ;;
+  diagnose)
+    # the race check: every concurrent variant several times, then serialized (CUDA_LAUNCH_BLOCKING=1)
+    D=.gpu_check
+    [ -f "$D/manifest.json" ] || { echo "gpu_check: $D/manifest.json missing (run 'build' here, carry .gpu_check)" >&2; exit 2; }
+    KIT=/tmp/gpu_check_kit SITE=/tmp/gpu_check_site
+    mkdir -p "$KIT" "$SITE"
+    tar xJf "$D/tvm_kit.tar.xz" -C "$KIT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$D"/whl/*.whl
+    export PYTHONPATH="$KIT:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+    exec python3 scripts/gpu_check.py diagnose --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
+    ;;
   report)
     PY=.venv/bin/python
     [ -x "$PY" ] || PY=python3
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | report RESULT.json" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | report RESULT.json" >&2
     exit 2
     ;;
 esac

@@ -279,7 +279,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert sorted(libs) == ["squeezenet.plain.so.xz", "squeezenet.sched.so.xz", "squeezenet.torch.json"]
     total = sum(os.path.getsize(os.path.join(d, "libs", f)) for f in libs)
     assert total < 2 * 2**20  # weights are not in the libraries
-    assert len(manifest["models"][0]["variants"]) == 6
+    assert len(manifest["models"][0]["variants"]) == 10   # plain x2, (sequential, greedy) x (stage, dep) x 2
     r = subprocess.run([sys.executable, script, "run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "2"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -288,6 +288,16 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert all(v["ok"] for v in variants) and all(v["repeat"] == 100 for v in variants)
     md = open(os.path.join(out, "gpu_check.md")).read()
     assert "| greedy |" in md and "plain TVM" in md
+    picked = result["models"][0]["picked"]["greedy"]
+    assert picked["never_slower"] and picked["choice"] in picked["candidates"]
+    assert result["environment"]["tvm"] and result["environment"]["nvcc"]
+    # the race check (on a CPU: every variant exact, serialized run included)
+    r = subprocess.run([sys.executable, script, "diagnose", "--dir", d, "--out", out, "--runs", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
+    verdicts = [v["verdict"] for v in diag["models"][0]["variants"]]
+    assert verdicts == ["exact"] * 4 and all(v["serialized"] for v in diag["models"][0]["variants"])
 
 
 def test_gpu_check_torch_program_matches_tvm():
@@ -301,11 +311,17 @@ def test_gpu_check_torch_program_matches_tvm():
     spec.loader.exec_module(gc)
     from tvm_interop.models import get_model
 
-    for name, kw in (("nasnet_a_mobile", dict(image_size=32, depth=1)),):  # pads, slices, asymmetric pools
-        mod = get_model(name, width=0.125, **kw)
+    from tvm_interop.models import MODELS, list_models
+
+    for name in list_models():  # every zoo model: pads, slices, asymmetric pools, randwire's scalar constants
+        spec = MODELS[name]
+        kw = {"depth": spec.min_depth} if spec.depth_param is not None else {}
+        mod = get_model(name, width=0.125, image_size=max(spec.min_image_size, 32), **kw)
         values = []
         prog = gc.export_torch_program(mod, values)
         x = np.random.default_rng(0).standard_normal(prog["inputs"][0]).astype("float32")
         ref = tvm_interop.run_reference(mod, [x])
         out = gc.run_torch_program(prog, "cpu", consts=values, inputs=[x])().numpy()
-        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=name)
+        # the device replay uses random weights of the recorded shapes (scalars included)
+        assert np.isfinite(gc.run_torch_program(prog, "cpu", seed=1)().numpy()).all(), name
