@@ -280,8 +280,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     total = sum(os.path.getsize(os.path.join(d, "libs", f)) for f in libs)
     assert total < 2 * 2**20  # weights are not in the libraries
     assert len(manifest["models"][0]["variants"]) == 10   # plain x2, (sequential, greedy) x (stage, dep) x 2
+    # the run and diagnose steps need TVM's runtime only (no compiler library), as on the GPU machine
+    runtime_only = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
     r = subprocess.run([sys.executable, script, "run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "2"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=runtime_only)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.load(open(os.path.join(out, "gpu_check.json")))
     variants = result["models"][0]["variants"]
@@ -293,7 +295,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert result["environment"]["tvm"] and result["environment"]["nvcc"]
     # the race check (on a CPU: every variant exact, serialized run included)
     r = subprocess.run([sys.executable, script, "diagnose", "--dir", d, "--out", out, "--runs", "2"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=runtime_only)
     assert r.returncode == 0, r.stderr[-2000:]
     diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
     verdicts = [v["verdict"] for v in diag["models"][0]["variants"]]
