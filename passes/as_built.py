@@ -22,7 +22,8 @@ import tvm
 from runtime.cuda import MAIN_FUNC, MAIN_GRAPH_FUNC
 from runtime.errors import InteropError
 
-from .cuda_build import KILL_PASS, CudaBuildReport, cuda_pipeline_passes, insert_after, normalize_target
+from .cuda_build import KILL_PASS, CudaBuildReport, cuda_pipeline_passes, insert_after
+from .target import normalize_target
 from .stream_memory import MemorySafetyReport, activation_memory, check_stream_memory_safety
 
 log = logging.getLogger(__name__)

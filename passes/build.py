@@ -58,7 +58,8 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
     from .candidates import describe, graph_functions, lower_variants, merge_modules
-    from .cuda_build import build_cuda, graph_feasibility, normalize_target
+    from .cuda_build import build_cuda, graph_feasibility
+    from .target import normalize_target, requested_arches
 
     t0 = time.perf_counter()
     target = normalize_target(target)
@@ -68,8 +69,6 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
         candidates = target.kind.name != "llvm"
 
     if is_cuda:
-        from .cuda_build import requested_arches
-
         arches = list(cuda_arches) if cuda_arches else requested_arches(target)
     refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
 

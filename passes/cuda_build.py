@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -34,87 +33,11 @@ from tvm import relax
 from runtime.cuda import COPY_FUNC, MAIN_GRAPH_FUNC
 from runtime.errors import InteropError
 
+from .target import normalize_target, requested_arches
+
 log = logging.getLogger(__name__)
 
-DEFAULT_ARCH = "sm_90"
-# Limits every CUDA GPU since sm_50 has (TVM asks for them when it cannot query a device).
-CUDA_DEFAULTS = {"max_shared_memory_per_block": 49152, "max_threads_per_block": 1024, "thread_warp_size": 32}
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
-
-
-def default_arch() -> str:
-    return os.environ.get("TVM_INTEROP_CUDA_ARCH", DEFAULT_ARCH)
-
-
-def codegen_arch(arch) -> str:
-    """The arch TVM generates code for when several are requested (``sm_80,sm_90``): the oldest, so the
-    generated source uses no feature a requested GPU lacks; every requested arch gets its own cubin
-    (``passes.cuda_compile``)."""
-    from .cuda_compile import parse_arches
-
-    return parse_arches(arch)[0]
-
-
-def requested_arches(target, arch=None) -> list[str]:
-    """The arches to compile kernels for: ``arch`` (``"sm_80,sm_90"`` or a list), else those written in a target
-    string (``cuda -arch=sm_80,sm_90``), else the target's arch."""
-    from .cuda_compile import parse_arches
-
-    if arch:
-        return parse_arches(arch)
-    if isinstance(target, str) and "-arch=" in target:
-        return parse_arches(target.split("-arch=", 1)[1].split()[0])
-    if isinstance(target, dict) and target.get("arch"):
-        return parse_arches(target["arch"])
-    return parse_arches(normalize_target(target).attrs["arch"])
-
-
-def normalize_target(target) -> tvm.target.Target:
-    """A ``tvm.target.Target`` from ``"cuda"``, ``"cuda -arch=sm_80"``, ``{"kind": "cuda", ...}``, ``"llvm"``,
-    or a Target; a CUDA target without ``arch`` gets :func:`default_arch`."""
-    if isinstance(target, tvm.target.Target):
-        if target.kind.name == "cuda" and any(k not in target.attrs or not target.attrs.get(k) for k in
-                                              ("arch", *CUDA_DEFAULTS)):
-            d = {**CUDA_DEFAULTS, **{k: v for k, v in dict(target.export()).items() if v not in (None, "")}}
-            d.setdefault("arch", default_arch())
-            return tvm.target.Target(_clean(d))
-        return target
-    if isinstance(target, dict):
-        d = dict(target)
-    elif isinstance(target, str):
-        words = shlex.split(target)
-        if not words:
-            raise InteropError("empty target")
-        if words[0].startswith("{"):
-            import json
-
-            d = json.loads(target)
-        else:
-            d = {"kind": words[0]}
-            for w in words[1:]:
-                if not w.startswith("-") or "=" not in w:
-                    raise InteropError(f"cannot read target option {w!r} in {target!r} (expected -key=value)")
-                k, v = w.lstrip("-").split("=", 1)
-                d[k.replace("-", "_")] = v
-    else:
-        raise InteropError(f"cannot make a TVM target from {type(target).__name__}")
-    if d.get("kind") == "cuda":
-        d = {**CUDA_DEFAULTS, **d}
-        if not d.get("arch"):
-            d["arch"] = default_arch()
-        d["arch"] = codegen_arch(d["arch"])
-    try:
-        return tvm.target.Target(d if len(d) > 1 else d["kind"])
-    except Exception as e:  # noqa: BLE001 - TVM raises several types here
-        raise InteropError(f"invalid target {target!r}: {str(e).splitlines()[-1]}") from None
-
-
-def _clean(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k not in ("tag", "keys") or v}
-
-
-def is_cuda(target) -> bool:
-    return normalize_target(target).kind.name == "cuda"
 
 
 def ensure_nvcc() -> str:

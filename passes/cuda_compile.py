@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -28,31 +27,14 @@ import time
 
 from runtime.errors import InteropError
 
+
 log = logging.getLogger(__name__)
 
-ARCH_RE = re.compile(r"^sm_(\d)(\d+)$")
 FATBIN_MAGIC = 0xBA55ED50
 CUDA_SOURCE_FORMAT = "cuda"
 BINARY_FORMAT = "fatbin"
 
 _compiled: dict[str, bytes] = {}   # sha256(source + arches) -> fatbin, filled by the build, used by the export
-
-
-def parse_arches(spec) -> list[str]:
-    """``"sm_90"``, ``"sm_80,sm_90"`` or a list -> sorted unique ``["sm_80", "sm_90"]``; bad names refused."""
-    if spec is None:
-        return []
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    out = []
-    for item in items:
-        a = str(item).strip()
-        if not ARCH_RE.match(a):
-            raise InteropError(f"invalid CUDA arch {a!r}: use sm_XY names such as sm_80 or sm_90 "
-                               "(comma-separated for several)")
-        out.append(a)
-    if not out:
-        raise InteropError("no CUDA arch given")
-    return sorted(set(out), key=lambda a: int(a[3:]))
 
 
 def gencode_flags(arches: list[str]) -> list[str]:

@@ -61,6 +61,7 @@ from runtime.errors import InteropError, ScheduleError
 
 from .extract import Program
 from .schedule import MERGE, Schedule
+from .target import GPU_KINDS, device_kind
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,6 @@ DEFAULT_MAX_STREAMS = 8
 DEFAULT_STREAM_LIMIT = 32
 MODES = ("stage", "dependency")
 KEEPALIVE_CHUNK = 16      # tensors per keep-alive call
-GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
 
 SYNC = "runtime.Device_StreamSyncFromTo"
 SET = "runtime.Device_SetStream"
@@ -97,17 +97,6 @@ def resolve_stream_count(max_streams: int, concurrency: int) -> int:
     if concurrency <= 1 or max_streams <= 1:
         return 0
     return min(max_streams, concurrency)
-
-
-def target_of(target) -> tvm.target.Target:
-    from .cuda_build import normalize_target
-
-    return normalize_target(target)
-
-
-def device_kind(target) -> str:
-    kind = target_of(target).kind.name
-    return kind if kind in GPU_KINDS else "cpu"
 
 
 # ---------------------------------------------------------------------------------------------- stream program

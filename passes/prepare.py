@@ -17,7 +17,7 @@ from tvm import relax
 
 from runtime.errors import UnsupportedModelError
 
-from .cuda_build import normalize_target
+from .target import normalize_target
 
 log = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tvm
 from tvm import relax
 
 from runtime.cuda import DL_DEVICE_TYPE, STREAMS_FUNC
 from runtime.errors import InteropError
+from runtime.profile_bundle import stage_key
 
 from .cost.base import CostModel
 from .extract import Program
@@ -62,12 +62,6 @@ BUNDLE_VERSION = 1
 STAGE_FUNC = "__tvm_interop_stage{}"
 LIBRARY = "bundle.so"
 PLAN = "bundle.json"
-
-
-def stage_key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
-    """Canonical text key of a stage: the order of groups does not matter, the order inside a group does."""
-    gs = sorted("|".join(g) for g in groups if len(g))
-    return strategy + ":" + ";".join(gs)
 
 
 class RecordingCostModel(CostModel):
@@ -248,8 +242,9 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
                          stages: list[dict] | None = None) -> Bundle:
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
     ``out_dir/bundle.so`` and write ``out_dir/bundle.json``."""
-    from .cuda_build import build_cuda, normalize_target
-    from .lower_streams import device_kind
+    from .cuda_build import build_cuda
+    from .target import normalize_target
+    from .target import device_kind
 
     t0 = time.perf_counter()
     options = options or BundleOptions()

@@ -35,7 +35,8 @@ BUNDLE_FORMAT = "tvm-interop-profile-bundle"
 
 
 def stage_key(groups, strategy: str = "concurrent") -> str:
-    """Must equal ``passes.profile_bundle.stage_key`` (duplicated: the runtime imports nothing from passes)."""
+    """Canonical text key of a stage: the order of groups does not matter, the order inside a group does. The one
+    definition: bundles (``passes.profile_bundle``), tables (``passes.cost.table``) and the device side share it."""
     gs = sorted("|".join(g) for g in groups if len(g))
     return strategy + ":" + ";".join(gs)
 

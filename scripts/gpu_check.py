@@ -207,7 +207,8 @@ def cmd_build(args) -> int:
     import numpy as np  # noqa: F401
 
     import tvm_interop
-    from passes.cuda_build import build_cuda, ensure_nvcc, normalize_target
+    from passes.cuda_build import build_cuda, ensure_nvcc
+    from passes.target import normalize_target
     from passes.lower_streams import lift_main_constants, lower_program
     from passes.schedulers import available_schedulers, schedule_graph
     from passes.as_built import check_lowered

@@ -28,6 +28,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
+D=.gpu_check
+
+# The GPU machine's environment: TVM's runtime only (the kit built here, without libtvm_compiler.so) and the
+# apache-tvm-ffi wheel, on PYTHONPATH; used by the run and diagnose steps.
+runtime_kit() {
+  [ -f "$D/manifest.json" ] || { echo "gpu_check: $D/manifest.json missing (run 'build' here, carry .gpu_check)" >&2; exit 2; }
+  KIT=/tmp/gpu_check_kit SITE=/tmp/gpu_check_site
+  mkdir -p "$KIT" "$SITE"
+  tar xJf "$D/tvm_kit.tar.xz" -C "$KIT"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$D"/whl/*.whl
+  export PYTHONPATH="$KIT:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+}
+
 shift || true
 case "$step" in
   build)
@@ -40,25 +53,13 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py build "$@"
     ;;
   run)
-    D=.gpu_check
-    [ -f "$D/manifest.json" ] || { echo "gpu_check: $D/manifest.json missing (run 'build' here, carry .gpu_check)" >&2; exit 2; }
-    KIT=/tmp/gpu_check_kit SITE=/tmp/gpu_check_site
-    mkdir -p "$KIT" "$SITE"
-    tar xJf "$D/tvm_kit.tar.xz" -C "$KIT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$D"/whl/*.whl
-    export PYTHONPATH="$KIT:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+    runtime_kit
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     exec python3 scripts/gpu_check.py run --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
     ;;
   diagnose)
     # the race check: every concurrent variant several times, then serialized (CUDA_LAUNCH_BLOCKING=1)
-    D=.gpu_check
-    [ -f "$D/manifest.json" ] || { echo "gpu_check: $D/manifest.json missing (run 'build' here, carry .gpu_check)" >&2; exit 2; }
-    KIT=/tmp/gpu_check_kit SITE=/tmp/gpu_check_site
-    mkdir -p "$KIT" "$SITE"
-    tar xJf "$D/tvm_kit.tar.xz" -C "$KIT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$D"/whl/*.whl
-    export PYTHONPATH="$KIT:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+    runtime_kit
     exec python3 scripts/gpu_check.py diagnose --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
     ;;
   report)

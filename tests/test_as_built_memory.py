@@ -16,18 +16,12 @@ from passes.lower_streams import lower_program
 from passes.schedulers import schedule_graph
 from passes.stream_memory import check_stream_memory_safety
 from runtime.cuda import KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC
-from tvm_interop.models import MODELS, get_model, list_models
+from tvm_interop.models import get_model, list_models, small_config
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 SCHEDULERS = ("greedy", "lios", "ios")
 
 
-def small_config(name: str) -> dict:
-    spec = MODELS[name]
-    cfg = {"width": 0.125, "image_size": max(spec.min_image_size, 32)}
-    if spec.depth_param is not None:
-        cfg["depth"] = spec.min_depth
-    return cfg
 
 
 def count_keepalive(func: relax.Function) -> int:

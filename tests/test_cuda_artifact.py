@@ -10,7 +10,8 @@ import sys
 import pytest
 
 import tvm_interop
-from passes.cuda_compile import (fatbin_arches, fatbin_entries, library_cuda_images, parse_arches,
+from passes.target import parse_arches
+from passes.cuda_compile import (fatbin_arches, fatbin_entries, library_cuda_images,
                                  split_library_blob, join_library_blob)
 from runtime.cuda import arch_mismatch, check_arch
 from runtime.errors import DeviceError, InteropError

@@ -16,7 +16,8 @@ import tvm
 
 import runtime
 import tvm_interop
-from passes.cuda_build import ensure_nvcc, normalize_target
+from passes.cuda_build import ensure_nvcc
+from passes.target import normalize_target
 from runtime.errors import DeviceError, InteropError
 
 TOL = dict(rtol=1e-4, atol=1e-4)

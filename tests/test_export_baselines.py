@@ -17,18 +17,11 @@ onnx = pytest.importorskip("onnx")
 import tvm_interop  # noqa: E402
 from runtime.errors import UnsupportedModelError  # noqa: E402
 from tvm_interop.export import SUPPORTED_OPS, ZOO_OPS, read_relax, to_onnx, to_torch, zoo_ops  # noqa: E402
-from tvm_interop.models import MODELS, build_with_reference, get_model, list_models  # noqa: E402
+from tvm_interop.models import build_with_reference, get_model, list_models, small_config  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-def small_config(name: str) -> dict:
-    """The small configuration of tests/test_zoo_pipeline.py (32 px reaches NASNet's factorized reduction)."""
-    spec = MODELS[name]
-    cfg = {"width": 0.125, "image_size": max(spec.min_image_size, 32)}
-    if spec.depth_param is not None:
-        cfg["depth"] = spec.min_depth
-    return cfg
 
 
 def _input(mod, seed: int = 7) -> np.ndarray:

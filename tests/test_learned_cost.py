@@ -11,7 +11,7 @@ from passes.cost import get_cost_model
 from passes.cost.learned import LearnedCostModel, TreeEnsemble, stage_features
 from passes.schedule import sequential_stages
 from passes.schedulers.active import active_search
-from passes.schedulers.base import annotate_latency
+from passes.schedulers.latency import annotate_latency
 from passes.synthetic import inception_like, randwire_like
 from runtime.errors import InteropError
 

@@ -14,8 +14,11 @@ from passes.cost import UnitCostModel, get_cost_model
 from passes.graph import OpGraph, TensorInfo, Unit
 from passes.schedule import MERGE, Schedule
 from passes.schedulers import get_scheduler, schedule_graph
-from passes.schedulers._util import LocalDAG, SchedulerOptionError, StageCoster, ending_dp, ideals, split_parts
-from passes.schedulers.base import SearchStats
+from passes.schedulers.bitdag import LocalDAG, ideals, split_parts
+from passes.schedulers.ios_dp import ending_dp
+from passes.schedulers.options import SchedulerOptionError
+from passes.schedulers.stage_coster import StageCoster
+from passes.schedulers.result import SearchStats
 from passes.synthetic import inception_like, nasnet_like, random_dag, randwire_like, squeezenet_like, synthetic_model
 from runtime.errors import GraphError, InteropError
 
@@ -79,7 +82,9 @@ def test_ios_pruned_properties():
 def test_ios_respects_pruning_without_guard():
     for g in graphs(40, 4, 9, offset=2000):
         for r, s in ((1, 1), (2, 2), (3, 8)):
-            stages, stats = get_scheduler("ios")(g, SIM, r=r, s=s, guard=False)
+            result = get_scheduler("ios")(g, SIM, r=r, s=s, guard=False)
+            stages, stats = result.stages, result.stats
+            assert result.unit_devices is None
             Schedule(stages).validate(g)
             for st in stages:
                 if st.strategy != MERGE:
@@ -254,6 +259,27 @@ def test_bad_options_are_clear_errors(name, opts):
         schedule_graph(g, name, SIM, **opts)
     assert isinstance(e.value, InteropError)
     assert next(iter(opts)).split("_")[0] in str(e.value)
+
+
+@pytest.mark.parametrize("name,opts,hint", [("greedy", {"max_stream": 4}, "did you mean 'max_streams'"),
+                                            ("ios", {"foo": 1}, "r=3, s=8"), ("lios", {"r": 2}, "x=None")])
+def test_unknown_options_are_refused_with_the_valid_ones(name, opts, hint):
+    """A mistyped option used to be swallowed by ``**_options``; now it names the scheduler and its options."""
+    g = random_dag(5, 1)
+    with pytest.raises(SchedulerOptionError, match=f"scheduler '{name}' has no option '{next(iter(opts))}'") as e:
+        schedule_graph(g, name, SIM, **opts)
+    assert hint in str(e.value)
+
+
+def test_every_scheduler_returns_one_result_type():
+    from passes.schedulers import SchedulerResult, available_schedulers
+
+    g = random_dag(7, 2)
+    for name in available_schedulers():
+        result = get_scheduler(name).schedule(g, SIM)
+        assert isinstance(result, SchedulerResult), name
+        Schedule(result.stages).validate(g)
+        assert (result.unit_devices is not None) == (name == "hios"), name
 
 
 def test_exhaustive_refuses_large_graphs():

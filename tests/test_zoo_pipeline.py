@@ -7,17 +7,11 @@ import pytest
 import tvm_interop
 from passes.partition import cut_points
 from runtime.model import ScheduledModel
-from tvm_interop.models import MODELS, get_model, list_models
+from tvm_interop.models import MODELS, get_model, list_models, small_config
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-def small_config(name: str) -> dict:
-    spec = MODELS[name]
-    cfg = {"width": 0.125, "image_size": max(spec.min_image_size, 32)}
-    if spec.depth_param is not None:
-        cfg["depth"] = spec.min_depth
-    return cfg
 
 
 @pytest.fixture(scope="module", params=list_models())

@@ -15,20 +15,16 @@ log = logging.getLogger("tvm_interop")
 
 
 def _target_device_kind(target) -> str:
-    from passes.cuda_build import normalize_target
+    from passes.target import device_kind
 
-    kind = normalize_target(target).kind.name
-    return "cpu" if kind in ("llvm", "c") else kind
+    return device_kind(target)
 
 
 def _target_text(target) -> str:
     """A short, stable spelling of a target for plans and reports (``llvm``, ``cuda -arch=sm_90``)."""
-    from passes.cuda_build import normalize_target
+    from passes.target import target_text
 
-    t = normalize_target(target)
-    if t.kind.name == "cuda":
-        return f"cuda -arch={t.attrs.get('arch')}"
-    return target if isinstance(target, str) else t.kind.name
+    return target_text(target)
 
 
 def load_module(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0,
@@ -170,12 +166,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     mod, model_name = load_module(model, batch_size=batch_size, image_size=image_size, width=width,
                                   shape_dict=shape_dict, **kw)
     model_name = name or model_name
-    from passes.cuda_build import normalize_target
+    from passes.target import normalize_target
 
     target_text = _target_text(target)
     arches = None
     if _target_device_kind(normalize_target(target)) == "cuda":
-        from passes.cuda_build import requested_arches
+        from passes.target import requested_arches
 
         arches = requested_arches(target, cuda_arch)
         # code is generated for the oldest requested arch, so it uses nothing a requested GPU lacks
@@ -304,7 +300,8 @@ def reference_build(mod, target: str = "llvm"):
     import tvm
     from tvm import relax
 
-    from passes.cuda_build import cuda_pipeline, ensure_nvcc, normalize_target
+    from passes.cuda_build import cuda_pipeline, ensure_nvcc
+    from passes.target import normalize_target
 
     target = normalize_target(target)
     if target.kind.name == "cuda":  # TVM's default CUDA pipeline (DLight schedules), no CUDA graph

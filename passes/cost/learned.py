@@ -32,6 +32,7 @@ import numpy as np
 from runtime.errors import InteropError
 
 from ..graph import OpGraph, Unit
+from ..list_scheduling import list_schedule, timeline_to_stages
 from . import registry
 from .base import CostModel
 
@@ -247,14 +248,12 @@ class LearnedCostModel(CostModel):
         """Measure the seed stages of ``graph``: the multi-group stages of list schedules at 2..4 streams (the
         shapes of stage a search will consider) and ``seed_stages`` random sets of mutually independent units.
         Returns the number of stages measured."""
-        from ..schedulers import lios as _lios
-
         before = len(self._samples)
         lat = [self.unit_latency(u) for u in graph.units]
         stages: list[list[list[Unit]]] = []
         for k in (2, 3, 4):
-            stream_of, start, finish = _lios.list_schedule(graph, lat, k)
-            for st in _lios.timeline_to_stages(graph, stream_of, start, finish):
+            stream_of, start, finish = list_schedule(graph, lat, k)
+            for st in timeline_to_stages(graph, stream_of, start, finish):
                 if len(st.groups) > 1:
                     stages.append([[graph.unit(n) for n in g] for g in st.groups])
         stages += self._random_antichains(graph)

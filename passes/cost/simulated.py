@@ -183,7 +183,7 @@ class SimulatedDevice(CostModel):
         return self.stage_latency_tokens(tuple(tuple(self._unit_kernel(u) for u in g) for g in groups))
 
     # ------------------------------------------------------------------ hooks for the search schedulers
-    # Optional, duck-typed (see passes.schedulers._util.StageCoster): a scheduler that finds them costs stages
+    # Optional, duck-typed (see passes.schedulers.stage_coster.StageCoster): a scheduler that finds them costs stages
     # from pre-computed per-unit tokens and prunes with a lower bound; any other cost model works without them.
     def unit_token(self, unit: Unit) -> _Kernel:
         """A hashable stand-in for ``unit`` in :meth:`stage_latency_tokens`."""

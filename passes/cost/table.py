@@ -20,6 +20,7 @@ import logging
 from typing import Sequence
 
 from runtime.errors import InteropError
+from runtime.profile_bundle import stage_key
 
 from ..graph import OpGraph, Unit
 from . import registry
@@ -31,8 +32,6 @@ TABLE_FORMAT = "tvm-interop-cost-table"
 
 
 def _key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
-    from ..profile_bundle import stage_key
-
     return stage_key(groups, strategy)
 
 

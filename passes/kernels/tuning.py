@@ -184,7 +184,7 @@ def _cpu_fingerprint() -> str:
 def tuning_target(target, num_cores: int | None = None) -> tvm.target.Target:
     """The target MetaSchedule tunes for: ``target`` normalised, a CPU target with ``num-cores`` set (MetaSchedule
     needs it; default: the physical cores of this machine)."""
-    from ..cuda_build import normalize_target
+    from ..target import normalize_target
 
     t = normalize_target(target)
     if t.kind.name in ("llvm", "c") and not t.attrs.get("num-cores"):

@@ -15,7 +15,8 @@ import time
 
 from ..graph import OpGraph
 from ..schedule import Schedule
-from .base import annotate_latency, schedule_graph
+from .driver import schedule_graph
+from .latency import annotate_latency
 
 log = logging.getLogger(__name__)
 

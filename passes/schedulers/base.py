@@ -1,150 +1,112 @@
-"""What every scheduler returns, and the per-block driver they share.
+"""The scheduler base class: the work every scheduler shares, so that a scheduler only decides placement.
 
-A scheduler is a function ``(graph, cost, **options) -> (stages, SearchStats)`` registered under a name. The
-driver ``schedule_graph`` cuts the model into blocks (``passes.partition``), runs the scheduler on each block's
-sub-DAG, concatenates the stages and wraps them in a ``Schedule`` that records the graph fingerprint.
+A scheduler is a subclass of :class:`Scheduler` that declares its ``name`` and ``options`` and implements
+:meth:`Scheduler.place` for one graph: which units run in which stage, in which group (and, for a multi-device
+scheduler, on which device). The base does the rest, the same way for every scheduler:
+
+* options: what a caller passes is checked against the declared options (:mod:`passes.schedulers.options`)
+  before any search starts; an unknown name is a :class:`~passes.schedulers.options.SchedulerOptionError`
+  that lists the valid ones, and ``place`` receives every declared option, checked, defaults filled in;
+* blocks: :meth:`Scheduler.schedule` cuts a model into blocks (:func:`passes.partition.partition`) unless the
+  scheduler must see the whole graph (``whole_graph``, e.g. list scheduling), places each block, concatenates
+  the stages, merges the device maps and sums the search statistics;
+* statistics: every placement is timed (``SearchStats.seconds``).
+
+The registry (:mod:`passes.schedulers.registry`) maps names to schedulers; the driver
+(:func:`passes.schedulers.driver.schedule_graph`) turns a result into a costed ``Schedule``.
 """
 from __future__ import annotations
 
+import inspect
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Protocol
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Mapping
 
-from runtime.errors import InteropError
-
-from ..cost import CostModel, get_cost_model
+from ..cost import CostModel
 from ..graph import OpGraph
-from ..schedule import Schedule, Stage
+from ..partition import partition
+from ..schedule import Stage
+from .options import Option, resolve_options
+from .result import SchedulerResult, SearchStats
 
 
-@dataclass
-class SearchStats:
-    """Search effort: DP states, transitions tried, distinct stages costed, wall seconds."""
+class Scheduler(ABC):
+    """Base class of every scheduler (see module docstring).
 
-    states: int = 0
-    transitions: int = 0
-    stages_costed: int = 0
-    seconds: float = 0.0
-
-    def add(self, other: "SearchStats") -> None:
-        self.states += other.states
-        self.transitions += other.transitions
-        self.stages_costed += other.stages_costed
-        self.seconds += other.seconds
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-class SchedulerFn(Protocol):
-    def __call__(self, graph: OpGraph, cost: CostModel, **options) -> tuple[list[Stage], SearchStats]: ...
-
-
-_SCHEDULERS: dict[str, SchedulerFn] = {}
-_NEEDS_BLOCKS: dict[str, bool] = {}
-
-
-def register_scheduler(name: str, per_block: bool = True) -> Callable[[SchedulerFn], SchedulerFn]:
-    """Decorator. ``per_block=False`` for schedulers that must see the whole graph (hios, lios)."""
-
-    def deco(fn: SchedulerFn) -> SchedulerFn:
-        _SCHEDULERS[name] = fn
-        _NEEDS_BLOCKS[name] = per_block
-        return fn
-
-    return deco
-
-
-def available_schedulers() -> list[str]:
-    _load_builtin()
-    return sorted(_SCHEDULERS)
-
-
-def get_scheduler(name: str) -> SchedulerFn:
-    _load_builtin()
-    if name not in _SCHEDULERS:
-        raise InteropError(f"unknown scheduler {name!r}; available: {', '.join(sorted(_SCHEDULERS))}")
-    return _SCHEDULERS[name]
-
-
-def _load_builtin() -> None:
-    import importlib
-
-    for mod in ("sequential", "greedy", "ios", "lios", "hios", "exhaustive"):
-        try:
-            importlib.import_module(f"{__package__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{mod}":
-                raise
-
-
-def schedule_graph(
-    graph: OpGraph,
-    scheduler: str = "greedy",
-    cost: "CostModel | str | None" = None,
-    max_block_size: int | None = None,
-    model_name: str = "",
-    batch: int | None = None,
-    **options,
-) -> Schedule:
-    """Schedule a whole model: per block (unless the scheduler wants the whole graph), then concatenate."""
-    from ..partition import partition
-
-    fn = get_scheduler(scheduler)
-    cost_model = get_cost_model(cost)
-    t0 = time.perf_counter()
-    stats = SearchStats()
-    stages: list[Stage] = []
-    unit_devices: dict[str, int] = {}
-    if _NEEDS_BLOCKS[scheduler]:
-        blocks = partition(graph, max_block_size=max_block_size)
-        parts = [graph.subgraph(b, name=f"{graph.name}/block{i}") for i, b in enumerate(blocks)]
-    else:
-        parts = [graph]
-    for part in parts:
-        result = fn(part, cost_model, **options)
-        block_stages, block_stats = result[0], result[1]
-        if len(result) > 2:  # hios also returns the device of each unit
-            unit_devices.update(result[2])
-        stages.extend(block_stages)
-        stats.add(block_stats)
-    stats.seconds = time.perf_counter() - t0
-    schedule = Schedule(
-        stages=stages,
-        graph_fingerprint=graph.fingerprint(),
-        model_name=model_name or graph.name,
-        scheduler=scheduler,
-        device=cost_model.device_fingerprint,
-        batch=batch,
-        options={k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
-        search=stats.to_json(),
-        unit_devices=unit_devices,
-        units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in graph.units],
-    )
-    annotate_latency(schedule, graph, cost_model)
-    schedule.validate(graph)
-    return schedule
-
-
-def annotate_latency(schedule: Schedule, graph: OpGraph, cost: CostModel) -> None:
-    """Fill predicted stage and total latencies, and the sequential baseline, from ``cost``.
-
-    A schedule whose units are spread over several devices (hios) is costed per device, with transfers
-    (``passes.schedulers._util.multi_device_stage_latency``).
+    Subclasses set ``name`` (the registry key), ``options`` (the :class:`Option` values ``place`` takes as
+    keyword arguments, in that order of documentation) and, when blocks would hide the parallelism they look
+    for, ``whole_graph = True``.
     """
-    multi = len(set(schedule.unit_devices.values())) > 1
-    if multi:
-        from ._util import DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY, multi_device_stage_latency
 
-        link_bw = float(schedule.options.get("link_bandwidth", DEFAULT_LINK_BANDWIDTH))
-        link_lat = float(schedule.options.get("link_latency", DEFAULT_LINK_LATENCY))
-    total = 0.0
-    for s in schedule.stages:
-        if multi:
-            lat = multi_device_stage_latency(cost, graph, s, schedule.unit_devices, link_bw, link_lat)
+    name: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+    whole_graph: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if not inspect.isabstract(cls):
+            _check_declaration(cls)
+
+    @abstractmethod
+    def place(self, graph: OpGraph, cost: CostModel, **options: Any) -> SchedulerResult:
+        """The stages of ``graph`` (a block, or the whole model when ``whole_graph``) under ``cost``.
+
+        ``options`` holds every declared option, already checked. ``SearchStats.seconds`` is filled in by the
+        base; a scheduler counts only its own effort (states, transitions, stages costed).
+        """
+
+    # ------------------------------------------------------------------ common work
+    def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every declared option's value (given, else its default), checked; unknown names are an error."""
+        return resolve_options(self.name, self.options, given)
+
+    def __call__(self, graph: OpGraph, cost: CostModel, **options: Any) -> SchedulerResult:
+        """Schedule ``graph`` as one block (no cutting into blocks)."""
+        return self._place_timed(graph, cost, self.resolve_options(options))
+
+    def schedule(self, graph: OpGraph, cost: CostModel, max_block_size: int | None = None,
+                 **options: Any) -> SchedulerResult:
+        """Schedule a whole model: per block (unless ``whole_graph``), stages concatenated in block order.
+
+        Blocks run one after another, so searching them separately loses nothing across a block boundary and
+        keeps the searches small. ``stats.seconds`` is the wall time of the whole call.
+        """
+        values = self.resolve_options(options)
+        t0 = time.perf_counter()
+        if self.whole_graph:
+            parts = [graph]
         else:
-            lat = cost.stage_latency([[graph.unit(n) for n in g] for g in s.groups], s.strategy)
-        s.predicted_latency = lat
-        total += lat
-    schedule.predicted_latency = total
-    schedule.sequential_latency = cost.sequential_latency(graph.units)
+            blocks = partition(graph, max_block_size=max_block_size)
+            parts = [graph.subgraph(b, name=f"{graph.name}/block{i}") for i, b in enumerate(blocks)]
+        stages: list[Stage] = []
+        stats = SearchStats()
+        unit_devices: dict[str, int] | None = None
+        for part in parts:
+            result = self._place_timed(part, cost, values)
+            stages.extend(result.stages)
+            stats.add(result.stats)
+            if result.unit_devices is not None:
+                unit_devices = {**(unit_devices or {}), **result.unit_devices}
+        stats.seconds = time.perf_counter() - t0
+        return SchedulerResult(stages, stats, unit_devices)
+
+    def _place_timed(self, graph: OpGraph, cost: CostModel, values: dict[str, Any]) -> SchedulerResult:
+        t0 = time.perf_counter()
+        result = self.place(graph, cost, **values)
+        result.stats.seconds = time.perf_counter() - t0
+        return result
+
+    def __repr__(self) -> str:
+        return f"<scheduler {self.name}>"
+
+
+def _check_declaration(cls: type) -> None:
+    """A scheduler's ``place`` must take exactly its declared options as keyword arguments: a declared option
+    that ``place`` ignores, or a parameter that cannot be set, is a bug caught when the class is defined."""
+    params = list(inspect.signature(cls.place).parameters.values())[3:]  # after self, graph, cost
+    taken = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    declared = {o.name for o in cls.options}
+    if taken != declared or len(params) != len(taken) or not isinstance(getattr(cls, "name", None), str):
+        raise TypeError(f"scheduler {cls.__name__}: place() must take exactly its declared options as keyword-only "
+                        f"arguments (declared {sorted(declared)}, place() takes {[p.name for p in params]}) "
+                        "and the class must set a name")

@@ -1,13 +1,14 @@
 """Brute force over every stage sequence: the ground truth the tests hold ``ios`` to. Tiny graphs only.
 
-Written independently of ``ios`` on purpose (no shared enumeration code): for a remaining set ``S`` it tries
+Written independently of ``ios`` on purpose (no shared enumeration code; only the bit and merge helpers): for a remaining set ``S`` it tries
 every nonempty subset ``E`` of ``S``, keeps those with no edge from ``E`` to ``S - E``, and runs each as
 
 * a concurrent stage under every partition of ``E`` into groups with no edge between two groups (units of a
   group run in topological order, groups are ordered by their first unit — the same canonical form ``ios``
   uses, so both cost exactly the same stages), and
-* a merge stage, when ``E`` has >= 2 units, no edge inside, one :func:`~passes.schedulers._util.merge_key`
-  and :func:`~passes.schedulers._util.merge_ok` agrees.
+* a merge stage, when ``E`` has >= 2 units, no edge inside, one
+  :func:`~passes.schedulers.merge_legality.merge_key` and :func:`~passes.schedulers.merge_legality.merge_ok`
+  agrees.
 
 No pruning. Because stage costs add up, the best sequence for ``S`` ends with the best sequence for
 ``S - E``, so results are memoised on ``S`` (that changes no result, only the running time). Stage costs are
@@ -16,28 +17,37 @@ memoised too. The number of stage sequences grows like the ordered Bell numbers,
 """
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 from ..cost import CostModel
 from ..graph import OpGraph
 from ..schedule import CONCURRENT, MERGE, Stage
-from ._util import SchedulerOptionError, check_limit, merge_key, merge_ok
-from .base import SearchStats, register_scheduler
+from .base import Scheduler
+from .bitdag import bits
+from .merge_legality import merge_key, merge_ok
+from .options import SchedulerOptionError, flag, limit
+from .result import SchedulerResult, SearchStats
 
 DEFAULT_MAX_UNITS = 10
 
 
-@register_scheduler("exhaustive")
-def exhaustive(graph: OpGraph, cost: CostModel, max_units: int = DEFAULT_MAX_UNITS, merge: bool = True,
-               **_options) -> tuple[list[Stage], SearchStats]:
-    max_units = check_limit("max_units", max_units, allow_none=False)
+class ExhaustiveScheduler(Scheduler):
+    name = "exhaustive"
+    options = (limit("max_units", DEFAULT_MAX_UNITS, "refuse blocks with more units", unbounded=False),
+               flag("merge", True, "also try merge stages"))
+
+    def place(self, graph: OpGraph, cost: CostModel, *, max_units: int, merge: bool) -> SchedulerResult:
+        n = len(graph)
+        if n > max_units:
+            raise SchedulerOptionError(
+                f"exhaustive search is only for tiny graphs: {graph.name!r} (or this block of it) has {n} units, "
+                f"the limit is max_units={max_units}; use the 'ios' scheduler, or cut blocks with max_block_size")
+        return _best_sequence(graph, cost, merge)
+
+
+def _best_sequence(graph: OpGraph, cost: CostModel, merge: bool) -> SchedulerResult:
+    """The cheapest stage sequence of ``graph``, by trying every one (memoised on the remaining set)."""
     n = len(graph)
-    if n > max_units:
-        raise SchedulerOptionError(
-            f"exhaustive search is only for tiny graphs: {graph.name!r} (or this block of it) has {n} units, "
-            f"the limit is max_units={max_units}; use the 'ios' scheduler, or cut blocks with max_block_size")
-    t0 = time.perf_counter()
     stats = SearchStats()
     succ = graph.succ_masks()
     pred = graph.pred_masks()
@@ -63,8 +73,8 @@ def exhaustive(graph: OpGraph, cost: CostModel, max_units: int = DEFAULT_MAX_UNI
         best_v, best_stage = float("inf"), None
         E = S
         while E:  # every nonempty subset of S
-            if all(succ[u] & S & ~E == 0 for u in _bits(E)):  # nothing in E feeds the rest of S
-                members = list(_bits(E))
+            if all(succ[u] & S & ~E == 0 for u in bits(E)):  # nothing in E feeds the rest of S
+                members = list(bits(E))
                 rest = solve(S & ~E)
                 for part in _set_partitions(members):
                     masks = [sum(1 << u for u in g) for g in part]
@@ -100,17 +110,7 @@ def exhaustive(graph: OpGraph, cost: CostModel, max_units: int = DEFAULT_MAX_UNI
             for i in g:
                 S &= ~(1 << i)
     stages.reverse()
-    stats.seconds = time.perf_counter() - t0
-    return stages, stats
-
-
-def _bits(mask: int) -> Iterator[int]:
-    i = 0
-    while mask:
-        if mask & 1:
-            yield i
-        mask >>= 1
-        i += 1
+    return SchedulerResult(stages, stats)
 
 
 def _set_partitions(items: list[int]) -> Iterator[list[list[int]]]:

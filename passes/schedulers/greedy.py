@@ -5,23 +5,36 @@ first onto the least-loaded group), so the cap never splits the wavefront into m
 """
 from __future__ import annotations
 
-from runtime.errors import InteropError
-
 from ..cost import CostModel
 from ..graph import OpGraph
 from ..schedule import Stage
-from .base import SearchStats, register_scheduler
+from .base import Scheduler
+from .options import limit
+from .result import SchedulerResult, SearchStats
+
+DEFAULT_STREAMS = 8
 
 
-@register_scheduler("greedy")
-def greedy(graph: OpGraph, cost: CostModel, max_streams: int = 8, **_options) -> tuple[list[Stage], SearchStats]:
-    if max_streams < 1:
-        raise InteropError(f"max_streams must be >= 1, got {max_streams}")
+class GreedyScheduler(Scheduler):
+    name = "greedy"
+    options = (limit("max_streams", DEFAULT_STREAMS, "at most this many groups per stage", unbounded=False),)
+
+    def place(self, graph: OpGraph, cost: CostModel, *, max_streams: int) -> SchedulerResult:
+        stats = SearchStats()
+        return SchedulerResult(wavefront_stages(graph, cost, max_streams, stats), stats)
+
+
+def wavefront_stages(graph: OpGraph, cost: CostModel, max_streams: int,
+                     stats: SearchStats | None = None) -> list[Stage]:
+    """One stage per wavefront of ready units, at most ``max_streams`` groups each (see module docstring).
+
+    Also one of the alternatives ``ios``'s guard compares with, hence a function of its own.
+    """
+    stats = stats if stats is not None else SearchStats()
     n = len(graph)
     indeg = [len(p) for p in graph.preds]
     ready = [i for i in range(n) if indeg[i] == 0]
     stages: list[Stage] = []
-    stats = SearchStats()
     while ready:
         lat = {i: cost.unit_latency(graph.units[i]) for i in ready}
         stats.stages_costed += len(ready)
@@ -44,4 +57,4 @@ def greedy(graph: OpGraph, cost: CostModel, max_streams: int = 8, **_options) ->
                 if indeg[j] == 0:
                     nxt.append(j)
         ready = sorted(nxt)
-    return stages, stats
+    return stages

@@ -9,13 +9,13 @@ sliding-window grouping per device into stages. Whole-graph scheduler; returns t
 2. Stages (sliding window, ``w`` units, default 4). While units remain, build one stage: for each device take
    the next ``w`` unscheduled units of that device (topological order), keep those whose producers are done
    (or are kept units of the same device), run the exact IOS dynamic program on them
-   (:func:`~passes.schedulers._util.ending_dp`, at most ``s`` groups) and take the first stage of its best
+   (:func:`~passes.schedulers.ios_dp.ending_dp`, at most ``s`` groups) and take the first stage of its best
    sequence; the stage is the union of these per-device stages. The window then slides. (The globally first
    unscheduled unit is always ready, so every stage makes progress.)
 
 A stage's groups may be on different devices; they run in parallel and the stage ends when the slowest
 device does, each device first receiving the tensors it reads from other devices
-(:func:`~passes.schedulers._util.multi_device_stage_latency`, which the driver uses for the predicted latency
+(:func:`~passes.schedulers.latency.multi_device_stage_latency`, which the driver uses for the predicted latency
 of a schedule with a device map). Merge stages are not used (a stage cannot be merged on one device and
 concurrent on another).
 
@@ -28,46 +28,51 @@ Options: ``devices`` (M, default 2), ``w`` (default 4), ``s`` (groups per stage 
 """
 from __future__ import annotations
 
-import time
-
 from ..cost import CostModel
 from ..graph import OpGraph
 from ..schedule import Stage
-from ._util import (DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY, LocalDAG, SchedulerOptionError, StageCoster,
-                    check_limit, check_positive, ending_dp, ideals, multi_device_stage_latency, schedule_cost)
-from .base import SearchStats, register_scheduler
+from .base import Scheduler
+from .bitdag import LocalDAG, ideals
+from .ios_dp import ending_dp
+from .latency import DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_LATENCY, multi_device_stage_latency, schedule_cost
+from .options import flag, limit, non_negative, positive
+from .result import SchedulerResult, SearchStats
+from .stage_coster import StageCoster
 
 DEFAULT_DEVICES = 2
 DEFAULT_WINDOW = 4
 
 
-@register_scheduler("hios", per_block=False)
-def hios(graph: OpGraph, cost: CostModel, devices: int = DEFAULT_DEVICES, w: int = DEFAULT_WINDOW,
-         link_bandwidth: float = DEFAULT_LINK_BANDWIDTH, link_latency: float = DEFAULT_LINK_LATENCY,
-         s: int | None = 8, guard: bool = True, **_options) -> tuple[list[Stage], SearchStats, dict[str, int]]:
-    M = check_limit("devices", devices, allow_none=False)
-    w = check_limit("w (window)", w, allow_none=False)
-    s = check_limit("s", s)
-    link_bandwidth = check_positive("link_bandwidth", link_bandwidth)
-    if isinstance(link_latency, bool) or not isinstance(link_latency, (int, float)) or link_latency < 0:
-        raise SchedulerOptionError(f"scheduler option link_latency must be a number >= 0, got {link_latency!r}")
-    t0 = time.perf_counter()
-    stats = SearchStats()
-    lat = [cost.unit_latency(u) for u in graph.units]
-    dev = map_devices(graph, lat, M, link_bandwidth, float(link_latency))
-    stages = window_stages(graph, cost, dev, M, w, s, stats)
-    devmap = {u.name: dev[i] for i, u in enumerate(graph.units)}
-    if M > 1 and guard and len(set(dev)) > 1:
-        # spreading over devices pays only when the parallelism gained outweighs the transfers and the
-        # barriers between devices: keep the one-device schedule when it is predicted faster
-        multi = sum(multi_device_stage_latency(cost, graph, st, devmap, link_bandwidth, float(link_latency))
-                    for st in stages)
-        one_dev = [0] * len(graph)
-        one = window_stages(graph, cost, one_dev, 1, w, s, stats)
-        if schedule_cost(one, graph, cost) < multi:
-            stages, devmap = one, {u.name: 0 for u in graph.units}
-    stats.seconds = time.perf_counter() - t0
-    return stages, stats, devmap
+class HiosScheduler(Scheduler):
+    name = "hios"
+    whole_graph = True  # the device mapping follows the longest paths through the whole graph
+    options = (
+        limit("devices", DEFAULT_DEVICES, "number of devices M", unbounded=False),
+        limit("w", DEFAULT_WINDOW, "window: units per device considered for each stage", unbounded=False),
+        positive("link_bandwidth", DEFAULT_LINK_BANDWIDTH, "bytes/s between two devices"),
+        non_negative("link_latency", DEFAULT_LINK_LATENCY, "seconds per transfer"),
+        limit("s", 8, "at most this many groups per stage and device (None: unbounded)"),
+        flag("guard", True, "keep the one-device schedule when it is predicted faster"),
+    )
+
+    def place(self, graph: OpGraph, cost: CostModel, *, devices: int, w: int, link_bandwidth: float,
+              link_latency: float, s: int | None, guard: bool) -> SchedulerResult:
+        M = devices
+        stats = SearchStats()
+        lat = [cost.unit_latency(u) for u in graph.units]
+        dev = map_devices(graph, lat, M, link_bandwidth, link_latency)
+        stages = window_stages(graph, cost, dev, M, w, s, stats)
+        devmap = {u.name: dev[i] for i, u in enumerate(graph.units)}
+        if M > 1 and guard and len(set(dev)) > 1:
+            # spreading over devices pays only when the parallelism gained outweighs the transfers and the
+            # barriers between devices: keep the one-device schedule when it is predicted faster
+            multi = sum(multi_device_stage_latency(cost, graph, st, devmap, link_bandwidth, link_latency)
+                        for st in stages)
+            one_dev = [0] * len(graph)
+            one = window_stages(graph, cost, one_dev, 1, w, s, stats)
+            if schedule_cost(one, graph, cost) < multi:
+                stages, devmap = one, {u.name: 0 for u in graph.units}
+        return SchedulerResult(stages, stats, unit_devices=devmap)
 
 
 def map_devices(graph: OpGraph, lat: list[float], M: int, link_bandwidth: float, link_latency: float) -> list[int]:

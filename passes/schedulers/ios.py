@@ -5,7 +5,7 @@ ending is a nonempty subset with no edge into the rest of ``S``; ``stage(E)`` is
 one stage: concurrent groups (each a chain / sub-DAG run in order on one stream; no edge between groups) or,
 when ``E`` is several convolutions reading the same tensor, one merged kernel. The details (how every legal
 ending is enumerated once, how groups are chosen, what is memoised) are in
-:func:`passes.schedulers._util.ending_dp`.
+:func:`passes.schedulers.ios_dp.ending_dp`; this module is the scheduler around it: options, parts, guard.
 
 Options:
 
@@ -13,7 +13,7 @@ Options:
   stage. ``None`` = unbounded. These are IOS's pruning parameters.
 * ``merge`` (default True): also try merge stages. ``max_merge``: at most this many operators per merge.
 * ``max_states`` (default 800): the DP's states are the down-sets of the block. A block with more is cut
-  into parts (horizontal slabs in ASAP-level order, see :func:`~passes.schedulers._util.split_parts`), each
+  into parts (horizontal slabs in ASAP-level order, see :func:`~passes.schedulers.bitdag.split_parts`), each
   searched exactly, run one after another — the same remedy as the reference implementation's
   ``max_part_size``, but sized by the real number of states instead of a unit count. ``None`` never cuts.
 * ``group_enum_limit`` (default: all partitions when ``r`` and ``s`` are both unbounded, else 3): endings
@@ -36,71 +36,81 @@ equals the ``exhaustive`` optimum (tested on hundreds of random DAGs).
 """
 from __future__ import annotations
 
-import time
-
 from ..cost import CostModel
 from ..graph import OpGraph
 from ..schedule import Stage, sequential_stages
-from . import greedy as _greedy
-from ._util import (LocalDAG, StageCoster, check_limit, ending_dp, schedule_cost, split_parts,
-                    stages_from_choices)
-from .base import SearchStats, register_scheduler
+from .base import Scheduler
+from .bitdag import LocalDAG, split_parts
+from .greedy import wavefront_stages
+from .ios_dp import ending_dp
+from .latency import schedule_cost
+from ..list_scheduling import list_schedule, timeline_to_stages
+from .options import Option, check_limit, flag, limit
+from .result import SchedulerResult, SearchStats
+from .stage_coster import StageCoster
 
 DEFAULT_MAX_STATES = 800
 DEFAULT_GROUP_ENUM_LIMIT = 3
 
 
-@register_scheduler("ios")
-def ios(graph: OpGraph, cost: CostModel, r: int | None = 3, s: int | None = 8, merge: bool = True,
-        max_states: int | None = DEFAULT_MAX_STATES, group_enum_limit: int | None | str = "auto",
-        max_merge: int | None = None, guard: bool = True, bound: bool = True,
-        **_options) -> tuple[list[Stage], SearchStats]:
-    r = check_limit("r", r)
-    s = check_limit("s", s)
-    max_states = check_limit("max_states", max_states)
-    max_merge = check_limit("max_merge", max_merge)
-    if group_enum_limit == "auto":
-        group_enum_limit = None if (r is None and s is None) else DEFAULT_GROUP_ENUM_LIMIT
-    else:
-        group_enum_limit = check_limit("group_enum_limit", group_enum_limit)
-    t0 = time.perf_counter()
-    stats = SearchStats()
-    stages: list[Stage] = []
-    for idx, states in split_parts(graph, max_states):
-        dag = LocalDAG(graph, idx)
-        coster = StageCoster(cost, dag, stats)
-        _, choices = ending_dp(dag, coster, stats, r, s, merge=merge, states=states,
-                               group_enum_limit=group_enum_limit, max_merge=max_merge, bound=bound)
-        stages.extend(stages_from_choices(coster, choices))
-    if guard and len(graph) > 1:
-        stages = _guarded(graph, cost, stages, s, stats)
-    stats.seconds = time.perf_counter() - t0
-    return stages, stats
+def _group_enum_limit(name: str, value):
+    return value if value == "auto" else check_limit(name, value)
+
+
+class IosScheduler(Scheduler):
+    name = "ios"
+    options = (
+        limit("r", 3, "at most this many units per group (None: unbounded)"),
+        limit("s", 8, "at most this many groups per stage (None: unbounded)"),
+        flag("merge", True, "also try merge stages"),
+        limit("max_states", DEFAULT_MAX_STATES, "DP states per part before a block is cut (None: never cut)"),
+        Option("group_enum_limit", "auto", "endings with at most this many components try every partition "
+               f"('auto': all when r and s are unbounded, else {DEFAULT_GROUP_ENUM_LIMIT})", _group_enum_limit),
+        limit("max_merge", None, "at most this many operators per merge (None: unbounded)"),
+        flag("guard", True, "keep sequential / greedy / lios when they are predicted faster"),
+        flag("bound", True, "branch-and-bound with stage lower bounds"),
+    )
+
+    def place(self, graph: OpGraph, cost: CostModel, *, r: int | None, s: int | None, merge: bool,
+              max_states: int | None, group_enum_limit: int | None | str, max_merge: int | None, guard: bool,
+              bound: bool) -> SchedulerResult:
+        if group_enum_limit == "auto":
+            group_enum_limit = None if (r is None and s is None) else DEFAULT_GROUP_ENUM_LIMIT
+        stats = SearchStats()
+        stages: list[Stage] = []
+        for idx, states in split_parts(graph, max_states):
+            dag = LocalDAG(graph, idx)
+            coster = StageCoster(cost, dag, stats)
+            _, choices = ending_dp(dag, coster, stats, r, s, merge=merge, states=states,
+                                   group_enum_limit=group_enum_limit, max_merge=max_merge, bound=bound)
+            stages.extend(coster.stages(choices))
+        if guard and len(graph) > 1:
+            stages = _guarded(graph, cost, stages, s, stats)
+        return SchedulerResult(stages, stats)
 
 
 def _guarded(graph: OpGraph, cost: CostModel, stages: list[Stage], s: int | None,
              stats: SearchStats) -> list[Stage]:
-    from . import lios as _lios
-
+    """The cheapest of the DP's answer, the sequential schedule, and greedy and lios at 1..s streams (the DP
+    cannot find those when a block was cut into parts or their chains are longer than ``r``)."""
     best = schedule_cost(stages, graph, cost)
     alternatives = [sequential_stages(u.name for u in graph.units)]
     kmax = len(graph) if s is None else min(s, len(graph))
     prev = None
     for k in range(1, kmax + 1):  # greedy at 1..s streams
-        alt, _ = _greedy.greedy(graph, cost, max_streams=k)
+        alt = wavefront_stages(graph, cost, k)
         if prev is not None and _same(alt, prev):
             break  # more streams than any wavefront has units: nothing changes any more
         alternatives.append(alt)
         prev = alt
     lat = [cost.unit_latency(u) for u in graph.units]
     for k in range(1, kmax + 1):  # lios at 1..s streams
-        stream_of, start, finish = _lios.list_schedule(graph, lat, k)
-        alternatives.append(_lios.timeline_to_stages(graph, stream_of, start, finish))
+        stream_of, start, finish = list_schedule(graph, lat, k)
+        alternatives.append(timeline_to_stages(graph, stream_of, start, finish))
         if max(stream_of) < k - 1:
             break  # a stream was left unused: more streams change nothing
     for alt in alternatives:
-        c = schedule_cost(alt, graph, cost)
-        stats.stages_costed += len(alt)
+        c = schedule_cost(alt, graph, cost, stats)
         if c < best * (1 - 1e-12):
             best, stages = c, alt
     return stages

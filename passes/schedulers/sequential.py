@@ -3,10 +3,15 @@ from __future__ import annotations
 
 from ..cost import CostModel
 from ..graph import OpGraph
-from ..schedule import Stage, sequential_stages
-from .base import SearchStats, register_scheduler
+from ..schedule import sequential_stages
+from .base import Scheduler
+from .result import SchedulerResult, SearchStats
 
 
-@register_scheduler("sequential")
-def sequential(graph: OpGraph, cost: CostModel, **_options) -> tuple[list[Stage], SearchStats]:
-    return sequential_stages(u.name for u in graph.units), SearchStats(states=len(graph))
+class SequentialScheduler(Scheduler):
+    """No options: the reference every other schedule is compared with (and the fallback the guards keep)."""
+
+    name = "sequential"
+
+    def place(self, graph: OpGraph, cost: CostModel) -> SchedulerResult:
+        return SchedulerResult(sequential_stages(u.name for u in graph.units), SearchStats(states=len(graph)))

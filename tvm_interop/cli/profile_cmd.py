@@ -57,7 +57,7 @@ def run_bundle(args) -> int:
     kw = {"depth": args.depth} if args.depth is not None else {}
     status(args, f"preparing {args.model} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width, **kw)
-    from passes.cuda_build import normalize_target
+    from passes.target import normalize_target
 
     target = normalize_target(args.target)
     program = prepare_program(mod, target, name=name)

@@ -163,6 +163,16 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def small_config(name: str) -> dict:
+    """``get_model`` keywords for a narrow, small, shallow version of ``name`` that keeps its structure (32 px
+    reaches NASNet's factorized reduction): what the test suite and quick checks build, in seconds."""
+    spec = _spec_of(name)
+    cfg = {"width": 0.125, "image_size": max(spec.min_image_size, 32)}
+    if spec.depth_param is not None:
+        cfg["depth"] = spec.min_depth
+    return cfg
+
+
 def list_models() -> list[str]:
     """Names of the registered models, sorted."""
     return sorted(MODELS)

@@ -1,0 +1,130 @@
+"""Targets, in one leaf module every layer of ``passes`` and the front door use.
+
+Why a module of its own: normalising a target (CUDA defaults and arch, the old CLI spellings this TVM refuses),
+telling a device kind and choosing arches were spread over the CUDA build, the stream lowering and the compile
+API, with two device-kind classifiers that could disagree, and the CUDA build and the lowering imported each
+other for it. This module imports nothing from ``passes``.
+
+* :func:`normalize_target` accepts ``"cuda"``, ``"cuda -arch=sm_90"``, ``"cuda -arch=sm_80,sm_90"`` (code is then
+  generated for the oldest arch), dicts, JSON and ``Target`` objects, and fills in ``arch`` (default ``sm_90``,
+  the H100 / H200; ``TVM_INTEROP_CUDA_ARCH`` overrides) and the limits TVM would otherwise query from a GPU.
+* :func:`device_kind` is the one classifier: a GPU kind (``cuda``, ``rocm``, ...) or ``cpu``.
+* :func:`requested_arches` / :func:`parse_arches`: the GPU arches a library carries binaries for.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+import tvm
+
+from runtime.errors import InteropError
+
+GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
+ARCH_RE = re.compile(r"^sm_(\d)(\d+)$")
+DEFAULT_ARCH = "sm_90"
+# Limits every CUDA GPU since sm_50 has (TVM asks for them when it cannot query a device).
+CUDA_DEFAULTS = {"max_shared_memory_per_block": 49152, "max_threads_per_block": 1024, "thread_warp_size": 32}
+
+
+def default_arch() -> str:
+    return os.environ.get("TVM_INTEROP_CUDA_ARCH", DEFAULT_ARCH)
+
+
+def codegen_arch(arch) -> str:
+    """The arch TVM generates code for when several are requested (``sm_80,sm_90``): the oldest, so the
+    generated source uses no feature a requested GPU lacks; every requested arch gets its own cubin
+    (``passes.cuda_compile``)."""
+    return parse_arches(arch)[0]
+
+
+def requested_arches(target, arch=None) -> list[str]:
+    """The arches to compile kernels for: ``arch`` (``"sm_80,sm_90"`` or a list), else those written in a target
+    string (``cuda -arch=sm_80,sm_90``), else the target's arch."""
+    if arch:
+        return parse_arches(arch)
+    if isinstance(target, str) and "-arch=" in target:
+        return parse_arches(target.split("-arch=", 1)[1].split()[0])
+    if isinstance(target, dict) and target.get("arch"):
+        return parse_arches(target["arch"])
+    return parse_arches(normalize_target(target).attrs["arch"])
+
+
+def normalize_target(target) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from ``"cuda"``, ``"cuda -arch=sm_80"``, ``{"kind": "cuda", ...}``, ``"llvm"``,
+    or a Target; a CUDA target without ``arch`` gets :func:`default_arch`."""
+    if isinstance(target, tvm.target.Target):
+        if target.kind.name == "cuda" and any(k not in target.attrs or not target.attrs.get(k) for k in
+                                              ("arch", *CUDA_DEFAULTS)):
+            d = {**CUDA_DEFAULTS, **{k: v for k, v in dict(target.export()).items() if v not in (None, "")}}
+            d.setdefault("arch", default_arch())
+            return tvm.target.Target(_clean(d))
+        return target
+    if isinstance(target, dict):
+        d = dict(target)
+    elif isinstance(target, str):
+        words = shlex.split(target)
+        if not words:
+            raise InteropError("empty target")
+        if words[0].startswith("{"):
+            import json
+
+            d = json.loads(target)
+        else:
+            d = {"kind": words[0]}
+            for w in words[1:]:
+                if not w.startswith("-") or "=" not in w:
+                    raise InteropError(f"cannot read target option {w!r} in {target!r} (expected -key=value)")
+                k, v = w.lstrip("-").split("=", 1)
+                d[k.replace("-", "_")] = v
+    else:
+        raise InteropError(f"cannot make a TVM target from {type(target).__name__}")
+    if d.get("kind") == "cuda":
+        d = {**CUDA_DEFAULTS, **d}
+        if not d.get("arch"):
+            d["arch"] = default_arch()
+        d["arch"] = codegen_arch(d["arch"])
+    try:
+        return tvm.target.Target(d if len(d) > 1 else d["kind"])
+    except Exception as e:  # noqa: BLE001 - TVM raises several types here
+        raise InteropError(f"invalid target {target!r}: {str(e).splitlines()[-1]}") from None
+
+
+def _clean(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in ("tag", "keys") or v}
+
+
+def is_cuda(target) -> bool:
+    return normalize_target(target).kind.name == "cuda"
+
+
+def device_kind(target) -> str:
+    """``cuda``, ``rocm``, ... for GPU targets, ``cpu`` for everything else (``llvm``, ``c``)."""
+    kind = normalize_target(target).kind.name
+    return kind if kind in GPU_KINDS else "cpu"
+
+
+def target_text(target) -> str:
+    """A short, stable spelling for plans and reports: ``llvm``, ``cuda -arch=sm_90``."""
+    t = normalize_target(target)
+    if t.kind.name == "cuda":
+        return f"cuda -arch={t.attrs.get('arch')}"
+    return target if isinstance(target, str) else t.kind.name
+
+
+def parse_arches(spec) -> list[str]:
+    """``"sm_90"``, ``"sm_80,sm_90"`` or a list -> sorted unique ``["sm_80", "sm_90"]``; bad names refused."""
+    if spec is None:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        a = str(item).strip()
+        if not ARCH_RE.match(a):
+            raise InteropError(f"invalid CUDA arch {a!r}: use sm_XY names such as sm_80 or sm_90 "
+                               "(comma-separated for several)")
+        out.append(a)
+    if not out:
+        raise InteropError("no CUDA arch given")
+    return sorted(set(out), key=lambda a: int(a[3:]))
