@@ -59,73 +59,6 @@ FUNC = "__tvm_interop_main"
 
 
 # ============================================================================================== build (here)
-def _py(v):
-    """TVM attribute values -> JSON."""
-    import tvm
-
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, tvm.tirx.IntImm):
-        return int(v.value)
-    if isinstance(v, tvm.tirx.FloatImm):
-        return float(v.value)
-    if hasattr(v, "__len__") and not isinstance(v, (str, bytes)) and hasattr(v, "__getitem__"):
-        return [_py(x) for x in v]
-    return str(v)
-
-
-def export_torch_program(mod, values: list | None = None) -> dict:
-    """The model's high-level Relax ops as a JSON op list that ``run_torch_program`` executes with PyTorch
-    (``values``, when given, receives the constants' numpy values in op-list order)."""
-    import tvm
-    from tvm import relax
-
-    main = mod["main"]
-    env: dict = {}
-    consts: list = []
-    values = values if values is not None else []
-    ops: list = []
-    for i, p in enumerate(main.params):
-        env[p] = {"i": i}
-
-    def ref(e):
-        if isinstance(e, relax.Var):
-            if e not in env:
-                raise ValueError(f"unsupported value {e.name}")
-            return env[e]
-        if isinstance(e, tvm.ir.expr.GenericConst):
-            consts.append({"shape": [int(d) for d in e.value.shape], "dtype": str(e.value.dtype)})
-            values.append(e.value.numpy())
-            return {"c": len(consts) - 1}
-        if isinstance(e, relax.Tuple):
-            return {"tuple": [ref(f) for f in e.fields]}
-        if isinstance(e, relax.ShapeExpr):
-            return {"value": [int(x) for x in e.values]}
-        if isinstance(e, tvm.tirx.IntImm) or hasattr(e, "value") and isinstance(getattr(e, "value"), int):
-            return {"value": _py(e)}
-        raise ValueError(f"unsupported argument {type(e).__name__}")
-
-    for block in main.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
-                attrs = {}
-                if v.attrs is not None:
-                    for k in dir(v.attrs):
-                        if k.startswith("_") or k in ("id_",):
-                            continue
-                        val = getattr(v.attrs, k)
-                        if callable(val):
-                            continue
-                        attrs[k] = _py(val)
-                ops.append({"op": v.op.name, "args": [ref(a) for a in v.args], "attrs": attrs})
-                env[b.var] = {"v": len(ops) - 1}
-            else:
-                env[b.var] = ref(v)
-    return {"inputs": [[int(d) for d in p.ty.shape.values] for p in main.params], "consts": consts, "ops": ops,
-            "output": ref(main.body.body)}
-
-
 def _structural_equal(a, b) -> bool:
     import tvm
 
@@ -213,6 +146,8 @@ def cmd_build(args) -> int:
     from passes.schedulers import available_schedulers, schedule_graph
     from passes.as_built import check_lowered
     from runtime.cuda import MAIN_GRAPH_FUNC
+    from runtime.errors import UnsupportedModelError
+    from tvm_interop.export import graph_to_json, read_relax
     from tvm_interop.models import MODELS, get_model, list_models
 
     def log(msg):
@@ -319,9 +254,9 @@ def cmd_build(args) -> int:
         torch_path = os.path.join("libs", f"{name}.torch.json")
         try:
             with open(os.path.join(out, torch_path), "w", encoding="utf-8") as f:
-                json.dump(export_torch_program(mod), f)
+                json.dump(graph_to_json(read_relax(mod)), f)
             entry["torch_program"] = torch_path
-        except ValueError as e:
+        except UnsupportedModelError as e:
             entry["torch_program"] = None
             entry["torch_note"] = str(e)
         manifest["models"].append(entry)
@@ -403,105 +338,20 @@ def _weights(entry, seed: int, make):
     return out
 
 
-def run_torch_program(prog, device, seed: int = 0, consts=None, inputs=None):
-    """A callable running the op list eagerly with PyTorch. Random weights and inputs unless given (the GPU
-    check times it only; the tests compare it with TVM on the model's own weights)."""
-    import numpy as np
+def torch_runner(data: dict, device: str, seed: int = 0):
+    """The network of ``<model>.torch.json`` (``tvm_interop.export.graph_to_json``) as eager PyTorch on
+    ``device``, with random weights and inputs of the recorded shapes: a callable running it once. The one
+    Relax->torch interpreter (``tvm_interop.export.torch_interp``) builds it; nothing here needs TVM's compiler."""
     import torch
-    import torch.nn.functional as F
 
-    g = torch.Generator().manual_seed(seed)
+    from tvm_interop.export import graph_from_json
+    from tvm_interop.export.torch_interp import graph_to_torch
 
-    def rand(shape):  # a tuple, not *shape: a scalar constant (shape []) is randn(()), not randn()
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        return (torch.randn(tuple(shape), generator=g) / max(1.0, fan_in) ** 0.5).to(device)
-
-    consts = [torch.as_tensor(c).to(device) for c in consts] if consts is not None else \
-        [rand(c["shape"]) for c in prog["consts"]]
-    inputs = [torch.as_tensor(x).to(device) for x in inputs] if inputs is not None else \
-        [torch.randn(tuple(s), generator=g).to(device) for s in prog["inputs"]]
-
-    def pad4(p):  # relax (top, left, bottom, right) -> F.pad (left, right, top, bottom)
-        return (p[1], p[3], p[0], p[2])
-
-    def run():
-        vals = []
-
-        def get(r):
-            if "v" in r:
-                return vals[r["v"]]
-            if "c" in r:
-                return consts[r["c"]]
-            if "i" in r:
-                return inputs[r["i"]]
-            if "tuple" in r:
-                return [get(x) for x in r["tuple"]]
-            return r["value"]
-
-        for op in prog["ops"]:
-            a = [get(x) for x in op["args"]]
-            at = op["attrs"]
-            name = op["op"]
-            if name == "relax.nn.conv2d":
-                p = at["padding"]
-                x = a[0]
-                if p[0] != p[2] or p[1] != p[3]:
-                    x = F.pad(x, pad4(p))
-                    p = [0, 0, 0, 0]
-                y = F.conv2d(x, a[1], stride=at["strides"], padding=(p[0], p[1]), dilation=at["dilation"],
-                             groups=at["groups"])
-            elif name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
-                p = at["padding"]
-                x = a[0]
-                sym = p[0] == p[2] and p[1] == p[3]
-                if not sym:
-                    x = F.pad(x, pad4(p), value=(-float("inf") if "max" in name else 0.0))
-                    p = [0, 0, 0, 0]
-                if "max" in name:
-                    y = F.max_pool2d(x, at["pool_size"], at["strides"], (p[0], p[1]), at["dilation"],
-                                     ceil_mode=bool(at["ceil_mode"]))
-                elif sym or at["count_include_pad"]:
-                    y = F.avg_pool2d(x, at["pool_size"], at["strides"], (p[0], p[1]), ceil_mode=bool(at["ceil_mode"]),
-                                     count_include_pad=bool(at["count_include_pad"]))
-                else:  # asymmetric padding that does not count: sum over the window / number of real elements
-                    q = at["padding"]
-                    mask = F.pad(torch.ones_like(a[0][:1, :1]), pad4(q))
-                    kw = dict(kernel_size=at["pool_size"], stride=at["strides"], ceil_mode=bool(at["ceil_mode"]))
-                    y = F.avg_pool2d(x, **kw) / F.avg_pool2d(mask, **kw)
-            elif name == "relax.nn.adaptive_avg_pool2d":
-                y = F.adaptive_avg_pool2d(a[0], at["output_size"] or 1)
-            elif name == "relax.nn.relu":
-                y = F.relu(a[0])
-            elif name == "relax.add":
-                y = a[0] + a[1]
-            elif name == "relax.multiply":
-                y = a[0] * a[1]
-            elif name == "relax.concat":
-                y = torch.cat(a[0], dim=at["axis"])
-            elif name == "relax.mean":
-                y = a[0].mean(dim=tuple(at["axis"]), keepdim=bool(at["keepdims"]))
-            elif name == "relax.matmul":
-                y = a[0] @ a[1]
-            elif name == "relax.reshape":
-                y = a[0].reshape(a[1])
-            elif name == "relax.nn.pad":
-                pw = at["pad_width"]
-                flat = []
-                for i in reversed(range(len(pw) // 2)):
-                    flat += [pw[2 * i], pw[2 * i + 1]]
-                y = F.pad(a[0], flat, value=float(at.get("pad_value", 0.0) or 0.0))
-            elif name == "relax.strided_slice":
-                x = a[0]
-                idx = [slice(None)] * x.dim()
-                for ax, b, e, st in zip(a[1], a[2], a[3], a[4] if len(a) > 4 else [1] * len(a[1])):
-                    idx[ax] = slice(b, e, st)
-                y = x[tuple(idx)]
-            else:
-                raise NotImplementedError(name)
-            vals.append(y)
-        return get(prog["output"])
-
-    return run
+    g = graph_from_json(data, seed=seed)
+    module = graph_to_torch(g).to(device).eval()
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(tuple(shape), generator=gen).to(device) for _, shape, _ in g.inputs]
+    return lambda: module(*xs)
 
 
 def _command_output(cmd: list[str]) -> str | None:
@@ -676,7 +526,7 @@ def cmd_run(args) -> int:
             try:
                 with open(os.path.join(args.dir, entry["torch_program"]), encoding="utf-8") as f:
                     prog = json.load(f)
-                run = run_torch_program(prog, "cuda", manifest["seed"])
+                run = torch_runner(prog, "cuda", manifest["seed"])
                 with torch.inference_mode():
                     rec.update(_bench(run, torch.cuda.synchronize, args.warmup, args.repeat))
                 rec["ok"] = None

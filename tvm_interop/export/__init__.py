@@ -429,6 +429,40 @@ def read_relax(mod, func_name: str = "main") -> RelaxGraph:
     return g
 
 
+GRAPH_JSON_FORMAT = "tvm-interop-relax-graph"
+
+
+def graph_to_json(g: RelaxGraph) -> dict:
+    """A :class:`RelaxGraph` as JSON-ready data, constants by shape only: what a machine without TVM's compiler
+    needs to rebuild the network in torch (``graph_from_json`` + ``torch_interp.graph_to_torch``), e.g. the GPU
+    check's PyTorch baseline."""
+    return {"format": GRAPH_JSON_FORMAT, "version": 1, "name": g.name,
+            "inputs": [[n, list(s), d] for n, s, d in g.inputs],
+            "constants": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in g.constants.items()},
+            "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "attrs": n.attrs, "shape": list(n.shape),
+                       "dtype": n.dtype} for n in g.nodes],
+            "outputs": list(g.outputs), "tuple_output": g.tuple_output}
+
+
+def graph_from_json(data: dict, constants: dict | None = None, seed: int = 0) -> RelaxGraph:
+    """The graph of :func:`graph_to_json`, with ``constants`` (name -> array) or random ones of the recorded
+    shapes (normal, scaled by 1/sqrt(fan-in): activations stay O(1) through deep networks)."""
+    if data.get("format") != GRAPH_JSON_FORMAT:
+        raise UnsupportedModelError(f"not a {GRAPH_JSON_FORMAT} file (format {data.get('format')!r})")
+    rng = np.random.default_rng(seed)
+    consts = {}
+    for k, spec in data["constants"].items():
+        if constants is not None:
+            consts[k] = np.asarray(constants[k])
+            continue
+        shape = tuple(spec["shape"])
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        consts[k] = (rng.standard_normal(shape) / np.sqrt(max(1, fan_in))).astype(spec["dtype"])
+    nodes = [Node(n["name"], n["op"], n["inputs"], n["attrs"], tuple(n["shape"]), n["dtype"]) for n in data["nodes"]]
+    return RelaxGraph(inputs=[(n, tuple(s), d) for n, s, d in data["inputs"]], constants=consts, nodes=nodes,
+                      outputs=list(data["outputs"]), tuple_output=bool(data["tuple_output"]), name=data["name"])
+
+
 def zoo_ops(mod) -> dict:
     """``{relax op name: count}`` of the calls in ``mod['main']`` (any op, supported or not)."""
     from tvm import relax
