@@ -17,7 +17,9 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_interop.Schedule")
     def _schedule_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from .cost.registry import default_spec
         from .extract import extract
+        from .target import device_kind
         from .lower_streams import lower_to_relax
         from .prepare import prepare
         from .schedule import Schedule
@@ -32,7 +34,7 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
             opts = dict(scheduler_options)
             if scheduler == "greedy":
                 opts.setdefault("max_streams", max_streams)
-            spec = cost if cost is not None else _default_cost(target)
+            spec = cost if cost is not None else default_spec(device_kind(target))
             timed = is_timed_cost(spec)
             model = timed_cost_model(program, target, spec) if timed else spec
             try:
@@ -51,11 +53,3 @@ def pipeline(scheduler: str = "greedy", cost=None, schedule=None, max_streams: i
             return tvm.transform.Sequential(checked_passes(target))(lowered)
 
     return _schedule_pass
-
-
-def _default_cost(target: tvm.target.Target):
-    from .cost import registry
-
-    if "sim" not in registry.known():
-        return "unit"
-    return "sim:h100" if "gpu" in target.keys else "sim:cpu"

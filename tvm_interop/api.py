@@ -206,7 +206,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         sched.check_device(device_kind, allow_mismatch=allow_device_mismatch)
     else:
         if cost is None:
-            cost = _default_cost(device_kind)
+            from passes.cost.registry import default_spec
+
+            cost = default_spec(device_kind)
         if measured:
             cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
         opts = dict(scheduler_options or {})
@@ -285,14 +287,6 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
-
-
-def _default_cost(device_kind: str):
-    from passes.cost import registry
-
-    if "sim" in registry.known():
-        return "sim:cpu" if device_kind == "cpu" else "sim:h100"
-    return "unit"
 
 
 def reference_build(mod, target: str = "llvm"):

@@ -22,6 +22,14 @@ def make(spec: str, **kwargs) -> CostModel:
     return _FACTORIES[kind](arg, **kwargs) if arg else _FACTORIES[kind](**kwargs)
 
 
+def default_spec(device_kind: str) -> str:
+    """The cost spec a compile uses when none is given: the simulated preset for the device kind (``cpu`` ->
+    ``sim:cpu``, a GPU -> ``sim:h100``), or ``unit`` when the simulator is not available."""
+    if "sim" not in known():
+        return "unit"
+    return "sim:cpu" if device_kind == "cpu" else "sim:h100"
+
+
 def known() -> list[str]:
     _load_builtin()
     return sorted(_FACTORIES)

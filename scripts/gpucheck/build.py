@@ -10,6 +10,8 @@ import sys
 import tarfile
 import time
 
+from runtime import atomic
+
 from .common import CARRY_LIMIT, FUNC
 
 def _structural_equal(a, b) -> bool:
@@ -49,9 +51,8 @@ def _export_xz(ex, path: str, arches: list[str] | None = None) -> None:
         export_cuda_library(ex, path, arches)
     else:
         ex.export_library(path)
-    with open(path, "rb") as f, lzma.open(path + ".xz.tmp", "wb", preset=6) as g:
+    with atomic.atomic_path(path + ".xz") as tmp, open(path, "rb") as f, lzma.open(tmp, "wb", preset=6) as g:
         g.write(f.read())
-    os.replace(path + ".xz.tmp", path + ".xz")
     os.unlink(path)
 
 
@@ -69,9 +70,8 @@ def _runtime_kit(out: str, log) -> None:
                 return None
             return ti
 
-        with tarfile.open(kit + ".tmp", "w:xz") as tf:
+        with atomic.atomic_path(kit) as tmp, tarfile.open(tmp, "w:xz") as tf:
             tf.add(os.path.join(root, "tvm"), arcname="tvm", filter=filt)
-        os.replace(kit + ".tmp", kit)
         log(f"runtime-only TVM package -> {kit} ({os.path.getsize(kit) / 2**20:.1f} MiB)")
     whl = os.path.join(out, "whl")
     if not (os.path.isdir(whl) and any(f.endswith(".whl") for f in os.listdir(whl))):

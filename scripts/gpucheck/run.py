@@ -26,10 +26,10 @@ def _library(d: str, lib: str) -> str:
     target = os.path.join(tempfile.gettempdir(), "gpu_check_libs", hashlib.sha256(tag.encode()).hexdigest()[:16],
                           os.path.basename(lib))
     if not os.path.exists(target):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with lzma.open(path + ".xz", "rb") as f, open(target + ".tmp", "wb") as g:
+        from runtime import atomic
+
+        with atomic.atomic_path(target) as tmp, lzma.open(path + ".xz", "rb") as f, open(tmp, "wb") as g:
             g.write(f.read())
-        os.replace(target + ".tmp", target)
     return target
 
 
