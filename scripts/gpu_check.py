@@ -1,41 +1,50 @@
 #!/usr/bin/env python3
-"""GPU check of tvm-interop: correctness and batch-1 latency of the zoo on an NVIDIA GPU.
+"""GPU check of tvm-interop: correctness and batch-1 latency of the zoo on an NVIDIA GPU, and the race check.
 
-The GPU machine has TVM's *runtime* only (no compiler), so the check is split (``scripts/gpu_check.sh`` wraps
-the three steps; its header has the exact recipe for this workplace's device tool):
+The GPU machine has TVM's *runtime* only (no ``libtvm_compiler.so``, no nvcc), so the check is split: everything
+that needs the compiler happens here, the device only loads and runs. ``scripts/gpu_check.sh`` wraps the steps
+(its header has the exact recipe for this workplace's device tool); the code is in ``scripts/gpucheck/``.
 
-``build`` (here, with the compiler; no GPU needed)
-    For each zoo model: prepare it once, then build for CUDA (sm_90, nvcc)
+``build`` (here, with the compiler and nvcc; no GPU needed) -- :mod:`gpucheck.build`
+    For each zoo model: prepare it once, then build for CUDA (``--target``, default sm_90)
 
-    * ``<model>.plain.so`` -- **plain TVM**: the prepared module (``relax.get_pipeline("zero")``) through TVM's
-      default CUDA pipeline (DLight schedules): ``main`` with direct launches and ``main_graph``, the same
-      program rewritten by TVM's own ``RewriteCUDAGraph``. Its outputs on the GPU are the reference.
+    * ``<model>.plain.so`` -- **plain TVM**: the prepared module through TVM's default CUDA pipeline (DLight
+      schedules): ``main`` with direct launches and ``main_graph``, the same program rewritten by TVM's own
+      ``RewriteCUDAGraph``. Its outputs on the GPU are the reference.
     * ``<model>.sched.so`` -- the **scheduled** programs: for each scheduler (sequential, greedy, lios, ios;
-      cost ``sim:h100`` unless ``--cost``) the stream-lowered program, with and without CUDA graph
-      (``<sched>__stage____tvm_interop_main`` / ``..._main_graph``), all in one library sharing the kernels.
+      cost ``sim:h100`` unless ``--cost``) and mode (stage, dependency) the stream-lowered program, with and
+      without CUDA graph, all in one library sharing the kernels.
 
-    Weights are **parameters** (``main(x, *weights)``), generated on the device from a seed, so the libraries
-    carry kernels only, and they are stored xz-compressed (``.so.xz``, ~40x smaller; the carry limit is 64 MiB). A ``manifest.json`` lists models, shapes, weights, the
-    functions to run and what was decided (streams, CUDA graph or why not). Also written: the runtime-only TVM
-    package (``tvm_kit.tar.xz``, the ``tvm`` Python package without ``libtvm_compiler.so``), the Python 3.12 wheel
-    of ``apache-tvm-ffi`` (``whl/``), and for each model a small op list that PyTorch can run eagerly.
+    Kernels are compiled by nvcc into fatbins (``passes.cuda_compile``) and every library is checked to hold no
+    CUDA source, so nothing is compiled when the device loads it. Weights are **parameters** (``main(x,
+    *weights)``), generated on the device from a seed, so the libraries carry kernels only; they are stored
+    xz-compressed (the carry limit is 64 MiB). Also written: ``manifest.json`` (models, shapes, weights, the
+    functions to run, the kernels' formats, what was decided: streams, CUDA graph or why not), the runtime-only TVM
+    package (``tvm_kit.tar.xz``), the Python 3.12 wheel of ``apache-tvm-ffi`` (``whl/``), and for each model its
+    graph JSON (``tvm_interop.export.graph_to_json``) for the PyTorch baseline.
 
-``run`` (there: runtime only, ``TVM_USE_RUNTIME_LIB=1``)
-    Loads the libraries with ``tvm.runtime.load_module`` and ``runtime/`` (``runtime.cuda`` loads TVM's CUDA
-    runtime), computes the reference with the plain build, checks every variant's output against it, and
-    measures batch-1 latency: wall clock of one call plus a device sync, median of ``--repeat`` (>= 100) runs
-    after ``--warmup`` runs. PyTorch eager (the same network from the op list, cuDNN) when ``torch`` with CUDA
-    is importable. Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out``.
+``run`` (there: runtime only, ``TVM_USE_RUNTIME_LIB=1``) -- :mod:`gpucheck.run`
+    Refuses (exit 2, before loading anything) a library that holds CUDA source. Loads the libraries with
+    ``tvm.runtime`` and ``runtime/`` (``runtime.cuda`` loads TVM's CUDA runtime), computes the reference with the
+    plain build, checks every variant's output against it, and measures batch-1 latency: wall clock of one call
+    plus a device sync, median of ``--repeat`` (>= 100) runs after ``--warmup`` runs. Then, per scheduler, the
+    candidates a compiled library would carry are timed interleaved and chosen as ``runtime.picker`` does (what
+    ships, never slower than sequential). PyTorch eager on the same network when ``torch`` with CUDA is importable:
+    the graph JSON rebuilt by the one Relax->torch interpreter (``tvm_interop/export/torch_interp.py``, loaded
+    without the compiler-side ``tvm_interop`` package: :mod:`gpucheck.torch_replay`). Writes ``gpu_check.json``
+    and ``gpu_check.md`` into ``--out``.
 
-    Then, per scheduler, the candidate programs a compiled library would carry (that scheduler's variants and
-    the sequential ones) are timed again interleaved and chosen as ``runtime.picker`` does: the report says what
-    ships and that it is never slower than sequential. The report records device, driver, nvcc, TVM, Python.
+``diagnose`` (there: runtime only) -- :mod:`gpucheck.diagnose`
+    Every concurrent variant runs ``--runs`` (4) times on the same inputs: run-to-run spread and error against
+    plain TVM; then the same in a child process with ``CUDA_LAUNCH_BLOCKING=1``. Each variant is exact / racy
+    (not exact concurrently, exact serialized) / wrong (wrong even serialized): ``gpu_check_diagnose.json`` /
+    ``.md``. This is the check that found the keep-alive race on the H100.
 
-``diagnose`` (there: runtime only)
-    Every concurrent variant runs ``--runs`` times on the same inputs, then again in a child process with
-    ``CUDA_LAUNCH_BLOCKING=1``; each is classified exact / racy / wrong (``gpu_check_diagnose.json`` / ``.md``).
+Both device-side reports record the environment (device, compute capability, SMs, driver, CUDA driver API and
+runtime, nvcc or "not found", TVM, Python, PyTorch; :func:`gpucheck.device.environment`, runtime-only queries)
+and ``runtime_only``: whether libtvm_compiler was loaded and which compiler-only modules were imported (none).
 
-``report`` (here)
+``report`` (here) -- :mod:`gpucheck.report`
     Copies a run's JSON into ``docs/gpu_check.json`` and renders ``docs/gpu_check.md``.
 """
 from __future__ import annotations
@@ -52,7 +61,8 @@ for p in (REPO, HERE):
 
 from gpucheck.common import DEFAULT_DIR, SCHEDULERS  # noqa: E402
 from gpucheck.report import cmd_report  # noqa: E402
-from gpucheck.run import torch_runner  # noqa: E402,F401 - the PyTorch baseline, for tests and callers
+from gpucheck.build import torch_program  # noqa: E402,F401 - graph JSON of a model (compiler side)
+from gpucheck.torch_replay import torch_runner  # noqa: E402,F401 - its PyTorch replay (runtime side)
 
 
 def cmd_build(args) -> int:

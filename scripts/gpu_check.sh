@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
-# GPU check: build the zoo for CUDA here, check outputs and time batch-1 latency on an NVIDIA GPU there.
-# (plain TVM, sequential, greedy, lios, ios -- each with and without CUDA graph -- and PyTorch eager.)
+# GPU check: build the zoo for CUDA here, check outputs and time batch-1 latency on an NVIDIA GPU there, and find
+# races between streams. (plain TVM, sequential, greedy, lios, ios -- stage and dependency mode, each with and
+# without CUDA graph -- and PyTorch eager on the same network.) The code is scripts/gpu_check.py + scripts/gpucheck/.
 #
-# Recipe for this workplace's device tool (GPU machine: H100/H200, Python 3.12, PyTorch, nvcc, NO compiler-side
-# TVM and no network; the tool copies the repo's working tree plus the ignored paths named in `carry`, 64 MiB in
-# all, and returns files written under $OUT):
+# Recipe for this workplace's device tool (GPU machine: H100/H200, Python 3.12, PyTorch, maybe nvcc, NO
+# compiler-side TVM and no network; the tool copies the repo's working tree plus the ignored paths named in `carry`,
+# 64 MiB in all, and returns files written under $OUT):
 #
 #   1. here (needs .venv with TVM's compiler and nvcc; no GPU), from the repo root:
 #        scripts/gpu_check.sh build                 # all zoo models, width 1.0 (takes a while on 2 cores)
 #        scripts/gpu_check.sh build --models inception_v3,squeezenet --width 0.5     # a smaller run
-#      -> .gpu_check/ (ignored by git via .git/info/exclude): libs/<model>.plain.so (plain tvm.compile build:
-#         the reference), libs/<model>.sched.so (all schedules, with and without CUDA graph), manifest.json,
-#         tvm_kit.tar.xz (TVM's Python package without libtvm_compiler.so), whl/ (apache-tvm-ffi for cp312).
-#         Weights are generated on the device from a seed, so the libraries stay small; the build refuses to
-#         finish (exit 1) when .gpu_check is over 60 MiB.
+#        scripts/gpu_check.sh build --models squeezenet --width 0.25                 # ~30 s: a smoke test
+#      -> .gpu_check/ (ignored by git via .git/info/exclude; --dir elsewhere for experiments):
+#         libs/<model>.plain.so.xz (plain TVM build: the reference), libs/<model>.sched.so.xz (all schedules),
+#         libs/<model>.torch.json (graph JSON for the PyTorch baseline), manifest.json, tvm_kit.tar.xz (TVM's
+#         Python package without libtvm_compiler.so), whl/ (apache-tvm-ffi for cp312; --no-kit skips both).
+#         Kernels are fatbins compiled here by nvcc (sm_90 unless --target says otherwise); a library holding CUDA
+#         source is refused by the build. Weights are generated on the device from a seed, so the libraries stay
+#         small; the build exits 1 when .gpu_check is over 60 MiB.
 #   2. there: one call of the device tool's `run` with
 #        carry: [".gpu_check"]      command: bash scripts/gpu_check.sh run      (timeout_s 600)
 #      which unpacks the runtime kit into /tmp, installs the wheel with `pip install --no-index --target`, sets
 #      TVM_USE_RUNTIME_LIB=1 and runs `python3 scripts/gpu_check.py run --dir .gpu_check --out $OUT`
 #      (extra arguments go to it: --repeat 200 --warmup 20 --models a,b). It writes $OUT/gpu_check.json and
-#      $OUT/gpu_check.md, which the tool copies back (files_at).
-#      `bash scripts/gpu_check.sh diagnose [--runs 4]` (same carry) runs every concurrent variant several times and
-#      again serialized (CUDA_LAUNCH_BLOCKING=1): exact / racy / wrong per variant ($OUT/gpu_check_diagnose.*).
-#      The libraries hold fatbins (sm_90 unless --target says otherwise): nothing is compiled on the device.
+#      $OUT/gpu_check.md, which the tool copies back (files_at). Exit 1: a variant failed; exit 2: the carried
+#      build cannot run with TVM's runtime alone (a library holds CUDA source: rebuild here).
+#      `bash scripts/gpu_check.sh diagnose [--runs 4] [--models a,b]` (same carry): every concurrent variant
+#      --runs times on the same inputs (run-to-run spread, error against plain TVM), then the same in a child
+#      process with CUDA_LAUNCH_BLOCKING=1: exact / racy / wrong per variant ($OUT/gpu_check_diagnose.json, .md).
+#      Both reports record the environment (device, compute capability, SMs, driver, CUDA driver API and runtime,
+#      nvcc or "not found", TVM, Python, PyTorch) and that only TVM's runtime was used (`runtime_only`).
 #   3. here:
 #        scripts/gpu_check.sh report <files_at>/gpu_check.json      # -> docs/gpu_check.json, docs/gpu_check.md
 set -euo pipefail

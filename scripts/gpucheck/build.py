@@ -1,6 +1,11 @@
 """The GPU check's ``build`` step (here, with TVM's compiler and nvcc; no GPU): the zoo's plain and scheduled
 CUDA libraries (fatbins, weights as parameters, xz-compressed), the manifest, the runtime kit and the graph JSON
-of each model for the PyTorch baseline."""
+of each model for the PyTorch baseline.
+
+Everything the GPU machine would need a compiler for happens here: kernels are compiled by nvcc into fatbins
+(``passes.cuda_compile``), and every exported library is checked to hold binaries, never CUDA source, so the
+device steps load them with TVM's runtime alone.
+"""
 from __future__ import annotations
 
 import json
@@ -9,10 +14,29 @@ import platform
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from runtime import atomic
 
 from .common import CARRY_LIMIT, FUNC
+from .device import SOURCE_FORMATS, cuda_kernel_formats
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class BuildContext:
+    """What every model's build shares: the options, the target, and where the results go."""
+
+    args: Any
+    target: Any
+    gpu: bool
+    arches: list[str] | None
+    out: str
+
 
 def _structural_equal(a, b) -> bool:
     import tvm
@@ -40,9 +64,10 @@ def _merge(mods) -> "tvm.IRModule":
     return tvm.IRModule(funcs)
 
 
-def _export_xz(ex, path: str, arches: list[str] | None = None) -> None:
+def _export_xz(ex, path: str, arches: list[str] | None = None) -> list[str]:
     """Export the library and keep it xz-compressed (``path + '.xz'``): kernel libraries shrink ~40x. CUDA
-    libraries carry fatbins for ``arches`` (``passes.cuda_compile``), so the device needs TVM's runtime only."""
+    libraries carry fatbins for ``arches`` (``passes.cuda_compile``), so the device needs TVM's runtime only;
+    returns the CUDA modules' formats, and refuses a CUDA library that came out holding source."""
     import lzma
 
     if arches:
@@ -51,12 +76,19 @@ def _export_xz(ex, path: str, arches: list[str] | None = None) -> None:
         export_cuda_library(ex, path, arches)
     else:
         ex.export_library(path)
+    formats = cuda_kernel_formats(path)
+    if arches and any(f in SOURCE_FORMATS for f in formats):
+        raise RuntimeError(f"{path}: the export holds CUDA source, which the GPU machine cannot load without TVM's "
+                           "compiler; the kernels must be exported as fatbins")
     with atomic.atomic_path(path + ".xz") as tmp, open(path, "rb") as f, lzma.open(tmp, "wb", preset=6) as g:
         g.write(f.read())
     os.unlink(path)
+    return formats
 
 
 def _runtime_kit(out: str, log) -> None:
+    """What the GPU machine installs (``gpu_check.sh``'s ``runtime_kit``): TVM's Python package without
+    ``libtvm_compiler.so`` (the device runs on the runtime only) and the Python 3.12 wheel of ``apache-tvm-ffi``."""
     import tvm
 
     kit = os.path.join(out, "tvm_kit.tar.xz")
@@ -89,22 +121,149 @@ def _runtime_kit(out: str, log) -> None:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def cmd_build(args) -> int:
-    import numpy as np  # noqa: F401
-
-    import tvm_interop
-    from passes.cuda_build import build_cuda, ensure_nvcc
-    from passes.target import normalize_target
-    from passes.lower_streams import lift_main_constants, lower_program
-    from passes.schedulers import available_schedulers, schedule_graph
-    from passes.as_built import check_lowered
-    from runtime.cuda import MAIN_GRAPH_FUNC
-    from runtime.errors import UnsupportedModelError
+def torch_program(mod, constants: dict | None = None) -> dict:
+    """The network as graph JSON for the PyTorch baseline (replayed on the device by ``gpucheck.torch_replay``
+    with the project's one Relax->torch interpreter). ``constants``, when given, receives the weights by name: the
+    device draws random ones of the recorded shapes, the tests replay with these."""
     from tvm_interop.export import graph_to_json, read_relax
-    from tvm_interop.models import MODELS, get_model, list_models
 
-    def log(msg):
-        print(msg, file=sys.stderr, flush=True)
+    g = read_relax(mod)
+    if constants is not None:
+        constants.update(g.constants)
+    return graph_to_json(g)
+
+
+def _build(ctx: BuildContext, mod, graph_funcs: list[str], strict: bool = True, check: bool = False):
+    """``(executable, CudaBuildReport)``. For CUDA the scheduled library is checked inside the build, on the IR it
+    compiles (the as-built memory check; the build refuses an unsafe program); a CPU dry run is a plain compile."""
+    if ctx.gpu:
+        from passes.as_built import memory_check_pass
+        from passes.cuda_build import build_cuda
+
+        return build_cuda(mod, ctx.target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict,
+                          after_kill=[memory_check_pass()] if check else (), arches=ctx.arches)
+    import tvm
+
+    from passes.cuda_build import CudaBuildReport
+
+    return tvm.compile(mod, ctx.target), CudaBuildReport()
+
+
+def _model(ctx: BuildContext, name: str):
+    """``(Relax module, image size)`` of a zoo model with the build's knobs."""
+    from tvm_interop.models import MODELS, get_model
+
+    spec = MODELS[name]
+    kw = {}
+    if ctx.args.depth is not None and spec.depth_param:
+        kw["depth"] = max(spec.min_depth, ctx.args.depth)
+    image = ctx.args.image_size or spec.default_image_size
+    return get_model(name, batch_size=ctx.args.batch, image_size=image, width=ctx.args.width, **kw), image
+
+
+def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], str, list[str]]:
+    """Plain TVM (the reference), direct and with TVM's own CUDA graph (``main_graph``: the same program under a
+    second name, fresh variables): variants, library, kernel formats."""
+    from tvm.relax.utils import copy_with_new_vars
+
+    from passes.lower_streams import lift_main_constants
+
+    plain = lift_main_constants(program)
+    main_fn = copy_with_new_vars(plain["main"])
+    plain["main_graph"] = main_fn.with_attr("global_symbol", "main_graph") \
+        if main_fn.attrs is not None and "global_symbol" in main_fn.attrs else main_fn
+    ex, rep = _build(ctx, plain, ["main_graph"] if ctx.gpu else [], strict=False)
+    lib = os.path.join("libs", f"{name}.plain.so")
+    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches)
+    variants = [{"name": "plain TVM", "library": lib, "function": "main", "streams": None, "cuda_graph": False},
+                {"name": "plain TVM + CUDA graph", "library": lib, "function": "main_graph" if ctx.gpu else "main",
+                 "streams": None, "cuda_graph": rep.cuda_graph,
+                 "note": None if rep.cuda_graph else rep.reasons.get("main_graph", rep.reason)}]
+    return variants, lib, formats
+
+
+def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
+    """Every (scheduler, mode) program, stream-lowered and checked: ``(scheduler, mode, prefix, lowered,
+    schedule)``."""
+    from passes.as_built import check_lowered
+    from passes.lower_streams import lower_program
+    from passes.schedulers import available_schedulers, schedule_graph
+
+    out = []
+    for sname in [s for s in ctx.args.schedulers.split(",") if s]:
+        if sname not in available_schedulers():
+            log(f"  {name}: scheduler {sname} not available, skipped")
+            continue
+        opts = {"max_streams": ctx.args.max_streams} if sname == "greedy" else {}
+        sched = schedule_graph(program.graph, sname, ctx.args.cost, model_name=name, **opts)
+        for mode in [m for m in ctx.args.modes.split(",") if m]:
+            prefix = f"{sname}__{mode}__"
+            low = lower_program(program, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
+                                cuda_graph=True, lift_constants=True, prefix=prefix)
+            check_lowered(low.mod, ctx.target).raise_if_unsafe()
+            out.append((sname, mode, prefix, low, sched))
+    return out
+
+
+def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], str, list[str]]:
+    """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
+    variants, library, kernel formats."""
+    from runtime.cuda import MAIN_GRAPH_FUNC
+
+    pending = _lowered(ctx, name, program)
+    graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _ in pending]
+    ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _ in pending]), graph_funcs if ctx.gpu else [],
+                     check=True)
+    lib = os.path.join("libs", f"{name}.sched.so")
+    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches)
+    variants = []
+    for sname, mode, prefix, low, sched in pending:
+        label = sname if mode == "stage" else f"{sname} ({mode})"
+        common = {"library": lib, "streams": prefix + "__tvm_interop_streams", "num_streams": low.num_streams,
+                  "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
+                  "predicted_ms": (sched.predicted_latency or 0) * 1e3}
+        gname = prefix + MAIN_GRAPH_FUNC
+        variants.append({"name": label, "function": prefix + FUNC, "cuda_graph": False, **common})
+        variants.append({"name": f"{label} + CUDA graph", "function": gname if ctx.gpu else prefix + FUNC,
+                         "cuda_graph": gname in rep.graph_functions,
+                         "note": rep.reasons.get(gname) or (None if ctx.gpu else "CPU dry run"), **common})
+    return variants, lib, formats
+
+
+def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
+    """The manifest fields of the PyTorch baseline: its graph JSON, or why there is none."""
+    from runtime.errors import UnsupportedModelError
+
+    path = os.path.join("libs", f"{name}.torch.json")
+    try:
+        atomic.write_text(os.path.join(ctx.out, path), json.dumps(torch_program(mod)))
+    except UnsupportedModelError as e:
+        return {"torch_program": None, "torch_note": str(e)}
+    return {"torch_program": path}
+
+
+def build_model(ctx: BuildContext, name: str) -> dict:
+    """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON."""
+    import tvm_interop
+
+    t0 = time.perf_counter()
+    mod, image = _model(ctx, name)
+    program = tvm_interop.api.prepare_program(mod, ctx.target, name=name)
+    plain, plain_lib, plain_formats = _plain_variants(ctx, name, program)
+    sched, sched_lib, sched_formats = _scheduled_variants(ctx, name, program)
+    entry = {"name": name, "image_size": image, "units": len(program.graph),
+             "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
+             "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
+             "plain": {"library": plain_lib}, "variants": plain + sched,
+             "kernels": {plain_lib: plain_formats, sched_lib: sched_formats}, **_torch_fields(ctx, name, mod)}
+    log(f"  {name}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
+        f"{time.perf_counter() - t0:.0f} s")
+    return entry
+
+
+def _context(args) -> BuildContext:
+    from passes.cuda_build import ensure_nvcc
+    from passes.target import normalize_target
 
     target = normalize_target(args.target)
     gpu = target.kind.name == "cuda"
@@ -112,111 +271,35 @@ def cmd_build(args) -> int:
         ensure_nvcc()
     else:
         log(f"target {target.kind.name}: a CPU dry run of the check (no CUDA graphs)")
+    return BuildContext(args=args, target=target, gpu=gpu, arches=[target.attrs["arch"]] if gpu else None,
+                        out=args.dir)
 
-    arches = [target.attrs["arch"]] if gpu else None
 
-    def build(mod, graph_funcs, strict=True, check=False):
-        if gpu:
-            from passes.as_built import memory_check_pass
+def _manifest(ctx: BuildContext) -> dict:
+    import tvm
 
-            # the scheduled library is checked inside the build, on the IR it compiles (the build refuses it)
-            return build_cuda(mod, target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict,
-                              after_kill=[memory_check_pass()] if check else (), arches=arches)
-        from passes.cuda_build import CudaBuildReport
+    a = ctx.args
+    return {"format": "tvm-interop-gpu-check", "version": 1,
+            "target": f"cuda -arch={ctx.target.attrs['arch']}" if ctx.gpu else ctx.target.kind.name,
+            "device": "cuda" if ctx.gpu else "cpu", "tvm": tvm.__version__, "built_on": platform.node(),
+            "width": a.width, "image_size": a.image_size, "batch": a.batch, "seed": a.seed, "cost": a.cost,
+            "max_streams": a.max_streams, "models": []}
 
-        import tvm
 
-        return tvm.compile(mod, target), CudaBuildReport()
-    out = args.dir
-    os.makedirs(os.path.join(out, "libs"), exist_ok=True)
+def cmd_build(args) -> int:
+    """Build every requested model into ``--dir``; exit 1 when the result is over the device tool's carry
+    budget (it could not be carried to the GPU machine)."""
+    from tvm_interop.models import list_models
+
+    ctx = _context(args)
+    os.makedirs(os.path.join(ctx.out, "libs"), exist_ok=True)
     if not args.no_kit:
-        _runtime_kit(out, log)
-    models = list_models() if args.models == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
-    manifest = {"format": "tvm-interop-gpu-check", "version": 1,
-                "target": f"cuda -arch={target.attrs['arch']}" if gpu else target.kind.name,
-                "device": "cuda" if gpu else "cpu",
-                "tvm": __import__("tvm").__version__, "built_on": platform.node(), "width": args.width,
-                "image_size": args.image_size, "batch": args.batch, "seed": args.seed, "cost": args.cost,
-                "max_streams": args.max_streams, "models": []}
-    for name in models:
-        t0 = time.perf_counter()
-        spec = MODELS[name]
-        kw = {}
-        if args.depth is not None and spec.depth_param:
-            kw["depth"] = max(spec.min_depth, args.depth)
-        image = args.image_size or spec.default_image_size
-        mod = get_model(name, batch_size=args.batch, image_size=image, width=args.width, **kw)
-        program = tvm_interop.api.prepare_program(mod, target, name=name)
-        entry = {"name": name, "image_size": image, "units": len(program.graph),
-                 "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
-                 "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
-                 "variants": []}
-        # plain TVM, direct and with TVM's own CUDA graph
-        plain = lift_main_constants(program)
-        from tvm.relax.utils import copy_with_new_vars
-
-        main_fn = copy_with_new_vars(plain["main"])  # the same program under a second name (fresh variables)
-        plain["main_graph"] = main_fn.with_attr("global_symbol", "main_graph") \
-            if main_fn.attrs is not None and "global_symbol" in main_fn.attrs else main_fn
-        ex, rep = build(plain, ["main_graph"] if gpu else [], strict=False)
-        plain_path = os.path.join("libs", f"{name}.plain.so")
-        _export_xz(ex, os.path.join(out, plain_path), arches)
-        entry["plain"] = {"library": plain_path}
-        entry["variants"].append({"name": "plain TVM", "library": plain_path, "function": "main", "streams": None,
-                                  "cuda_graph": False})
-        entry["variants"].append({"name": "plain TVM + CUDA graph", "library": plain_path,
-                                  "function": "main_graph" if gpu else "main",
-                                  "streams": None, "cuda_graph": rep.cuda_graph,
-                                  "note": None if rep.cuda_graph else rep.reasons.get("main_graph", rep.reason)})
-        # the scheduled programs, all in one library
-        lowered = []
-        graph_funcs = []
-        sched_path = os.path.join("libs", f"{name}.sched.so")
-        pending = []
-        for sname in schedulers:
-            if sname not in available_schedulers():
-                log(f"  {name}: scheduler {sname} not available, skipped")
-                continue
-            opts = {"max_streams": args.max_streams} if sname == "greedy" else {}
-            sched = schedule_graph(program.graph, sname, args.cost, model_name=name, **opts)
-            for mode in modes:
-                prefix = f"{sname}__{mode}__"
-                low = lower_program(program, sched, target, max_streams=args.max_streams, mode=mode,
-                                    cuda_graph=True, lift_constants=True, prefix=prefix)
-                report = check_lowered(low.mod, target)
-                report.raise_if_unsafe()
-                lowered.append(low.mod)
-                graph_funcs.append(prefix + MAIN_GRAPH_FUNC)
-                pending.append((sname, mode, prefix, low, sched))
-        ex, rep = build(_merge(lowered), graph_funcs if gpu else [], check=True)
-        _export_xz(ex, os.path.join(out, sched_path), arches)
-        for sname, mode, prefix, low, sched in pending:
-            label = sname if mode == "stage" else f"{sname} ({mode})"
-            common = {"library": sched_path, "streams": prefix + "__tvm_interop_streams",
-                      "num_streams": low.num_streams, "stages": sched.num_stages,
-                      "max_concurrency": sched.max_concurrency(), "mode": mode,
-                      "predicted_ms": (sched.predicted_latency or 0) * 1e3}
-            entry["variants"].append({"name": label, "function": prefix + FUNC, "cuda_graph": False, **common})
-            gname = prefix + MAIN_GRAPH_FUNC
-            entry["variants"].append({"name": f"{label} + CUDA graph", "function": gname if gpu else prefix + FUNC,
-                                      "cuda_graph": gname in rep.graph_functions,
-                                      "note": rep.reasons.get(gname) or (None if gpu else "CPU dry run"),
-                                      **common})
-        torch_path = os.path.join("libs", f"{name}.torch.json")
-        try:
-            with open(os.path.join(out, torch_path), "w", encoding="utf-8") as f:
-                json.dump(graph_to_json(read_relax(mod)), f)
-            entry["torch_program"] = torch_path
-        except UnsupportedModelError as e:
-            entry["torch_program"] = None
-            entry["torch_note"] = str(e)
-        manifest["models"].append(entry)
-        log(f"  {name}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
-            f"{time.perf_counter() - t0:.0f} s")
-    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
-    total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(out) for fn in fns)
-    log(f"wrote {out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")
+        _runtime_kit(ctx.out, log)
+    manifest = _manifest(ctx)
+    names = list_models() if args.models == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
+    for name in names:
+        manifest["models"].append(build_model(ctx, name))
+    atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
+    total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
+    log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")
     return 0 if total <= CARRY_LIMIT else 1

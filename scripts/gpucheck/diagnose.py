@@ -1,110 +1,130 @@
-"""The GPU check's ``diagnose`` step (there: TVM's runtime only): the race check. Every concurrent variant runs
-several times on the same inputs, then again serialized (``CUDA_LAUNCH_BLOCKING=1``, in a child process)."""
+"""The GPU check's ``diagnose`` step (there: TVM's runtime only): the race check that found the keep-alive bug on
+the H100.
+
+Every concurrent variant (a scheduled program with streams) runs ``--runs`` times on the same inputs and weights;
+the report gives its spread (max abs difference between any two runs) and its error against plain TVM. Then the
+same runs again in a child process with ``CUDA_LAUNCH_BLOCKING=1``, where every launch completes before the next
+starts, so streams cannot overlap. Each variant is then
+
+* **exact**: every run matches plain TVM and the runs agree;
+* **racy**: wrong or unstable concurrently, exact serialized: a missing synchronisation or a memory hazard between
+  streams (what the H100 showed);
+* **wrong**: wrong even serialized: the program computes something else (a lowering bug, not a race);
+* **unknown**: not exact, and the serialized run is missing (the child failed); **error**: it did not run.
+"""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from itertools import combinations
+
 
 from .common import SCRIPT
+from .device import environment, runtime_only_status
 from .report import render_diagnose
-from .run import Variants, _max_err, _to_numpy, environment
-
-def _open_device(manifest: dict):
-    import tvm
-
-    from runtime.cuda import check_cuda_device, ensure_cuda_runtime
-
-    if manifest.get("device", "cuda") == "cuda":
-        ensure_cuda_runtime()
-        return check_cuda_device(0), True
-    return tvm.cpu(0), False
+from .run import CannotRun, Variants, _error_text, _max_err, _to_numpy, log, start, tolerance
 
 
-def _outputs_of_runs(args, manifest, entry, dev, runs: int) -> dict:
-    """name -> [numpy outputs of each run] for plain TVM (once) and every concurrent variant (``runs`` times, on
-    the same inputs and weights, a full device sync after each)."""
-    variants = Variants(args.dir, entry, manifest["seed"], dev)
-    out = {}
-    try:
-        for var in entry["variants"]:
-            if var["name"] != "plain TVM" and not var.get("num_streams"):
-                continue
-            run_once = variants.call(var)
-            res = []
-            for _ in range(1 if var["name"] == "plain TVM" else runs):
-                res.append(_to_numpy(run_once()))
-                dev.sync()
-            out[var["name"]] = res
-    finally:
-        variants.close()
+def _is_concurrent(var: dict) -> bool:
+    """Variants with streams: the only ones that can race (sequential and plain TVM run on one stream)."""
+    return bool(var.get("num_streams"))
+
+
+def spread(outputs: list, ref) -> dict:
+    """Run-to-run spread (max abs difference over all pairs of runs) and error against the reference."""
+    per_run = [_max_err(o, ref) for o in outputs]
+    between = max((_max_err(a, b) for a, b in combinations(outputs, 2)), default=0.0)
+    return {"max_err": max(per_run), "run_to_run": between, "runs": len(outputs), "max_err_per_run": per_run}
+
+
+def _repeat(variants: Variants, var: dict, runs: int, sync) -> list:
+    """``runs`` outputs of one variant, a full device sync after each."""
+    run_once = variants.call(var)
+    out = []
+    for _ in range(runs):
+        out.append(_to_numpy(run_once()))
+        sync()
     return out
 
 
-def _spread(outputs: list, ref) -> dict:
-    errs = [_max_err(o, ref) for o in outputs]
-    between = max((_max_err(a, outputs[0]) for a in outputs[1:]), default=0.0)
-    return {"max_err": max(errs), "run_to_run": between, "runs": len(outputs)}
+def diagnose_model(d: str, manifest: dict, entry: dict, dev, runs: int) -> dict:
+    """Plain TVM once (the reference), then every concurrent variant ``runs`` times."""
+    variants = Variants(d, entry, manifest["seed"], dev)
+    try:
+        plain = next(v for v in entry["variants"] if v["name"] == "plain TVM")
+        ref = _repeat(variants, plain, 1, dev.sync)[0]
+        model = {"name": entry["name"], "tolerance": tolerance(ref), "variants": []}
+        for var in filter(_is_concurrent, entry["variants"]):
+            try:
+                rec = {"name": var["name"], **spread(_repeat(variants, var, runs, dev.sync), ref)}
+            except Exception as e:  # noqa: BLE001 - one variant that does not run must not hide the others
+                rec = {"name": var["name"], "error": _error_text(e)}
+            model["variants"].append(rec)
+    finally:
+        variants.close()
+    log(f"  {entry['name']}: {len(model['variants'])} concurrent variants x {runs} runs")
+    return model
 
 
-def cmd_diagnose(args) -> int:
-    """Run every concurrent variant several times, then again serialized (``CUDA_LAUNCH_BLOCKING=1``, in a
-    child process): a variant whose outputs differ between runs or from plain TVM but are exact when
-    serialized has a race (what found the keep-alive bug on the H100)."""
-    import subprocess
-
-    with open(os.path.join(args.dir, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    dev, is_gpu = _open_device(manifest)
-    only = set(args.models.split(",")) if args.models else None
-    models = []
-    for entry in manifest["models"]:
-        if only and entry["name"] not in only:
-            continue
-        runs = _outputs_of_runs(args, manifest, entry, dev, args.runs)
-        ref = runs.pop("plain TVM")[0]
-        scale = max(1e-6, float(__import__("numpy").max(__import__("numpy").abs(
-            ref if not isinstance(ref, list) else ref[0]))))
-        tol = 1e-4 * scale + 1e-5
-        models.append({"name": entry["name"], "tolerance": tol,
-                       "variants": [{"name": n, **_spread(o, ref)} for n, o in runs.items()]})
-        print(f"  {entry['name']}: {len(runs)} concurrent variants x {args.runs} runs", file=sys.stderr, flush=True)
-    result = {"format": "tvm-interop-gpu-diagnose", "version": 1, "serialized": bool(args.serialized),
-              "environment": environment(dev, is_gpu), "runs": args.runs, "models": models}
-    os.makedirs(args.out, exist_ok=True)
-    if args.serialized:
-        with open(os.path.join(args.out, "serialized.json"), "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        return 0
+def _serialized(args) -> tuple[dict, str | None]:
+    """The same diagnosis in a child process with ``CUDA_LAUNCH_BLOCKING=1``: ``{(model, variant): record}`` and
+    the child's error, if it failed."""
     child = os.path.join(args.out, "serialized")
-    cmd = [sys.executable, SCRIPT, "diagnose", "--dir", args.dir, "--out", child, "--runs",
-           str(args.runs), "--serialized"] + (["--models", args.models] if args.models else [])
+    cmd = [sys.executable, SCRIPT, "diagnose", "--dir", args.dir, "--out", child, "--runs", str(args.runs),
+           "--serialized"] + (["--models", args.models] if args.models else [])
     proc = subprocess.run(cmd, env=dict(os.environ, CUDA_LAUNCH_BLOCKING="1"), capture_output=True, text=True)
-    serial = {}
-    if proc.returncode == 0:
-        with open(os.path.join(child, "serialized.json"), encoding="utf-8") as f:
-            serial = {(m["name"], v["name"]): v for m in json.load(f)["models"] for v in m["variants"]}
-    else:
-        result["serialized_error"] = proc.stderr.strip().splitlines()[-1:] if proc.stderr else ["failed"]
-    for m in models:
-        for v in m["variants"]:
-            s = serial.get((m["name"], v["name"]))
-            v["serialized"] = s
-            v["verdict"] = classify(v, s, m["tolerance"])
-    with open(os.path.join(args.out, "gpu_check_diagnose.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "gpu_check_diagnose.md"), "w", encoding="utf-8") as f:
-        f.write(render_diagnose(result))
-    bad = [v for m in models for v in m["variants"] if v["verdict"] != "exact"]
-    print(f"wrote {args.out}/gpu_check_diagnose.json and .md; {len(bad)} variant(s) not exact", file=sys.stderr)
-    return 0 if not bad else 1
+    if proc.returncode != 0:
+        return {}, (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    with open(os.path.join(child, "serialized.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    return {(m["name"], v["name"]): v for m in data["models"] for v in m["variants"]}, None
 
 
 def classify(run: dict, serialized: dict | None, tol: float) -> str:
     """exact | racy (differs between runs or from plain TVM, exact serialized) | wrong (wrong serialized too)
-    | unknown (no serialized run)."""
+    | unknown (not exact, no serialized run) | error (did not run)."""
+    if "error" in run:
+        return "error"
     if run["max_err"] <= tol and run["run_to_run"] <= tol:
         return "exact"
-    if serialized is None:
+    if serialized is None or "error" in serialized:
         return "unknown"
     return "racy" if serialized["max_err"] <= tol and serialized["run_to_run"] <= tol else "wrong"
+
+
+def _write(out: str, name: str, result: dict, markdown: bool) -> None:
+    from runtime import atomic
+
+    os.makedirs(out, exist_ok=True)
+    atomic.write_text(os.path.join(out, name + ".json"), json.dumps(result, indent=1))
+    if markdown:
+        atomic.write_text(os.path.join(out, name + ".md"), render_diagnose(result))
+
+
+def cmd_diagnose(args) -> int:
+    """Diagnose every (selected) model; exit 1 when a variant is not exact, 2 when the carried build cannot run
+    here (CUDA source in a library)."""
+    try:
+        manifest, entries, _, dev, is_gpu = start(args)
+    except CannotRun as e:
+        return e.status
+    models = [diagnose_model(args.dir, manifest, e, dev, args.runs) for e in entries]
+    result = {"format": "tvm-interop-gpu-diagnose", "version": 1, "serialized": bool(args.serialized),
+              "environment": environment(dev, is_gpu), "runtime_only": runtime_only_status(), "runs": args.runs,
+              "models": models}
+    if args.serialized:
+        _write(args.out, "serialized", result, markdown=False)
+        return 0
+    serial, err = _serialized(args)
+    if err:
+        result["serialized_error"] = err
+    for m in models:
+        for v in m["variants"]:
+            v["serialized"] = serial.get((m["name"], v["name"]))
+            v["verdict"] = classify(v, v["serialized"], m["tolerance"])
+    _write(args.out, "gpu_check_diagnose", result, markdown=True)
+    bad = [v for m in models for v in m["variants"] if v["verdict"] != "exact"]
+    log(f"wrote {args.out}/gpu_check_diagnose.json and .md; {len(bad)} variant(s) not exact")
+    return 0 if not bad else 1

@@ -6,20 +6,48 @@ import json
 import os
 
 from .common import REPO
+from .device import render_environment
+
+
+def _err(x) -> str:
+    return "—" if x is None else f"{x:.1e}"
+
+
+def _runtime_only_line(result: dict) -> list[str]:
+    ro = result.get("runtime_only")
+    if not ro:
+        return []
+    ok = not ro.get("tvm_compiler_loaded") and not ro.get("compiler_modules")
+    return [f"TVM's runtime only: {'yes' if ok else 'NO'} (libtvm_compiler loaded: {ro.get('tvm_compiler_loaded')}; "
+            f"compiler-only modules imported: {', '.join(ro.get('compiler_modules') or []) or 'none'}).", ""]
+
+
+def _diagnose_row(v: dict) -> str:
+    if "error" in v:
+        return f"| {v['name']} | — | — | — | — | — | error: {v['error']} |"
+    s = v.get("serialized") or {}
+    return (f"| {v['name']} | {v['runs']} | {_err(v['max_err'])} | {_err(v['run_to_run'])} | "
+            f"{_err(s.get('max_err'))} | {_err(s.get('run_to_run'))} | {v.get('verdict', '')} |")
+
 
 def render_diagnose(result: dict) -> str:
-    env = result.get("environment", {})
-    lines = ["# GPU check: diagnose", "", "Environment: " + "; ".join(f"{k} {v}" for k, v in env.items()), "",
-             f"Each concurrent variant ran {result['runs']} times on the same inputs, then again with "
-             "`CUDA_LAUNCH_BLOCKING=1` (serialized). racy = wrong or unstable only when concurrent.", ""]
+    """Markdown of a diagnose: the environment, then per model one row per concurrent variant."""
+    lines = ["# GPU check: diagnose", "", *render_environment(result.get("environment", {})), "",
+             *_runtime_only_line(result),
+             f"Each concurrent variant ran {result['runs']} times on the same inputs and weights, then again in a "
+             "child process with `CUDA_LAUNCH_BLOCKING=1` (serialized: no two launches overlap). Errors are max abs "
+             "differences against plain TVM's direct build; run-to-run is the largest difference between any two "
+             "runs. exact: all within tolerance; racy: not exact concurrently, exact serialized; wrong: not exact "
+             "even serialized.", ""]
+    if result.get("serialized_error"):
+        lines += [f"The serialized run failed: {result['serialized_error']}", ""]
     for m in result["models"]:
-        lines += [f"## {m['name']}", "", "| variant | max err | run-to-run | serialized max err | verdict |",
-                  "|---|---:|---:|---:|---|"]
-        for v in m["variants"]:
-            s = v.get("serialized")
-            lines.append(f"| {v['name']} | {v['max_err']:.1e} | {v['run_to_run']:.1e} | "
-                         f"{s['max_err']:.1e} | {v['verdict']} |" if s else
-                         f"| {v['name']} | {v['max_err']:.1e} | {v['run_to_run']:.1e} | — | {v['verdict']} |")
+        lines += [f"## {m['name']} (tolerance {m['tolerance']:.1e})", "",
+                  "| variant | runs | max err | run-to-run | serialized max err | serialized run-to-run | verdict |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [_diagnose_row(v) for v in m["variants"]]
+        if not m["variants"]:
+            lines.append("| (no concurrent variant: every schedule runs on one stream) | | | | | | |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -40,9 +68,9 @@ def render_markdown(result: dict) -> str:
         "Produced by `scripts/gpu_check.sh` (build here, run on the GPU machine with TVM's runtime only).",
         "",
     ]
-    env = result.get("environment")
-    if env:
-        lines += ["Environment: " + "; ".join(f"{k} {v}" for k, v in env.items()), ""]
+    if result.get("environment"):
+        lines += [*render_environment(result["environment"]), ""]
+    lines += _runtime_only_line(result)
     for m in result.get("models", []):
         lines += [f"## {m['name']} ({m['units']} units, {m['image_size']}x{m['image_size']})", "",
                   "| variant | median ms | p90 ms | vs plain TVM | streams | stages | CUDA graph | output |",

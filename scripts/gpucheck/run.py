@@ -1,36 +1,30 @@
 """The GPU check's ``run`` step (there: TVM's runtime only): every variant checked against plain TVM and timed,
-what the candidate picker ships per scheduler, PyTorch eager on the same network, the environment."""
+what the candidate picker ships per scheduler, PyTorch eager on the same network, the environment.
+
+Nothing here imports TVM's compiler or ``passes`` (the GPU machine has neither): programs run through
+``tvm.runtime`` and ``runtime/``, the PyTorch baseline through :mod:`gpucheck.torch_replay`, and every library is
+checked for CUDA source before anything is loaded (:func:`gpucheck.device.check_kernels`).
+"""
 from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
+from typing import Any, Callable
 
+from runtime.errors import DeviceError
+
+from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
+                     runtime_only_status)
 from .report import render_markdown
+from .torch_replay import torch_runner
 
-def _library(d: str, lib: str) -> str:
-    """The path of a library, decompressed from ``lib + '.xz'`` into /tmp when needed."""
-    import lzma
-    import tempfile
+TOL_REL, TOL_ABS = 1e-4, 1e-5
 
-    path = os.path.join(d, lib)
-    if os.path.exists(path):
-        return path
-    # keyed by the compressed file's identity: a library rebuilt under the same name is never served stale
-    st = os.stat(path + ".xz")
-    tag = f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
-    import hashlib
 
-    target = os.path.join(tempfile.gettempdir(), "gpu_check_libs", hashlib.sha256(tag.encode()).hexdigest()[:16],
-                          os.path.basename(lib))
-    if not os.path.exists(target):
-        from runtime import atomic
-
-        with atomic.atomic_path(target) as tmp, lzma.open(path + ".xz", "rb") as f, open(tmp, "wb") as g:
-            g.write(f.read())
-    return target
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 class Variants:
@@ -49,14 +43,14 @@ class Variants:
         self.vms: dict = {}
         self.streams: dict = {}
 
-    def call(self, var: dict):
+    def call(self, var: dict) -> Callable[[], Any]:
         """A callable running ``var`` once (returns its raw output)."""
         import tvm
         from tvm.runtime import vm as rvm
 
         lib = var["library"]
         if lib not in self.vms:
-            self.vms[lib] = rvm.VirtualMachine(tvm.runtime.load_module(_library(self.dir, lib)), self.dev)
+            self.vms[lib] = rvm.VirtualMachine(tvm.runtime.load_module(library_path(self.dir, lib)), self.dev)
         vm = self.vms[lib]
         extra = []
         if var.get("streams"):
@@ -75,6 +69,52 @@ class Variants:
             except Exception:  # noqa: BLE001 - freeing is best effort
                 pass
         self.streams = {}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def load_manifest(d: str) -> dict:
+    with open(os.path.join(d, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def selected_models(manifest: dict, models: str | None) -> list[dict]:
+    """The manifest's model entries, restricted to ``--models a,b`` when given."""
+    only = {m.strip() for m in models.split(",") if m.strip()} if models else None
+    return [e for e in manifest["models"] if not only or e["name"] in only]
+
+
+def preflight(d: str, entries: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """``{model: {library: CUDA kernel formats}}``; raises SourceKernelsError before anything is loaded when a
+    library holds CUDA source (no load-time compile on the device)."""
+    return {e["name"]: check_kernels(d, [v["library"] for v in e["variants"]]) for e in entries}
+
+
+class CannotRun(Exception):
+    """The carried build cannot run here (CUDA source in a library, no manifest, no GPU): ``status`` is the exit
+    code, the message the one-paragraph reason."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def start(args) -> tuple[dict, list[dict], dict, object, bool]:
+    """What run and diagnose both do first: (manifest, selected entries, kernel formats, device, is_gpu), or
+    :class:`CannotRun` (already logged) when the build cannot run here, before anything is loaded."""
+    manifest = load_manifest(args.dir)
+    entries = selected_models(manifest, args.models)
+    try:
+        kernels = preflight(args.dir, entries)
+        dev, is_gpu = open_device(manifest)
+    except (SourceKernelsError, FileNotFoundError, DeviceError) as e:
+        raise CannotRun(refuse(e)) from None
+    return manifest, entries, kernels, dev, is_gpu
+
+
+def refuse(e: Exception) -> int:
+    """Exit status 2 with a one-paragraph reason (no traceback): the carried build cannot run here."""
+    log(f"gpu_check: {e}")
+    return 2
 
 
 def _bench(fn, sync, warmup: int, repeat: int) -> dict:
@@ -110,6 +150,15 @@ def _max_err(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, dtype="float64") - np.asarray(b, dtype="float64"))))
 
 
+def tolerance(ref) -> float:
+    """Allowed max abs error against plain TVM: relative to the reference's largest magnitude (kernels of the
+    same math, reordered, differ in the last bits)."""
+    import numpy as np
+
+    first = ref[0] if isinstance(ref, list) else ref
+    return TOL_REL * max(1e-6, float(np.max(np.abs(np.asarray(first))))) + TOL_ABS
+
+
 def _weights(entry, seed: int, make):
     import numpy as np
 
@@ -122,64 +171,11 @@ def _weights(entry, seed: int, make):
     return out
 
 
-def torch_runner(data: dict, device: str, seed: int = 0):
-    """The network of ``<model>.torch.json`` (``tvm_interop.export.graph_to_json``) as eager PyTorch on
-    ``device``, with random weights and inputs of the recorded shapes: a callable running it once. The one
-    Relax->torch interpreter (``tvm_interop.export.torch_interp``) builds it; nothing here needs TVM's compiler."""
-    import torch
-
-    from tvm_interop.export import graph_from_json
-    from tvm_interop.export.torch_interp import graph_to_torch
-
-    g = graph_from_json(data, seed=seed)
-    module = graph_to_torch(g).to(device).eval()
-    gen = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(tuple(shape), generator=gen).to(device) for _, shape, _ in g.inputs]
-    return lambda: module(*xs)
+def _error_text(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
 
 
-def _command_output(cmd: list[str]) -> str | None:
-    import shutil
-    import subprocess
-
-    if shutil.which(cmd[0]) is None:
-        return None
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def environment(dev, is_gpu: bool) -> dict:
-    """What the numbers were measured on: device, driver, CUDA, nvcc, TVM, Python (runtime-only queries; a
-    missing tool reads "not found")."""
-    import tvm
-
-    env = {"tvm": tvm.__version__, "python": platform.python_version(), "host": platform.node()}
-    if is_gpu:
-        env.update(device=dev.device_name, compute_version=dev.compute_version,
-                   multi_processors=dev.multi_processor_count)
-        smi = _command_output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                               "--format=csv,noheader"])
-        env["driver"] = smi.splitlines()[0].split(",")[1].strip() if smi else "not found"
-        cuda = _command_output(["nvidia-smi"])
-        env["cuda_driver_api"] = next((ln.split("CUDA Version:")[1].split("|")[0].strip()
-                                       for ln in (cuda or "").splitlines() if "CUDA Version:" in ln), "not found")
-    else:
-        env.update(device=f"CPU ({platform.processor() or platform.machine()})", compute_version=None,
-                   multi_processors=os.cpu_count(), driver=None, cuda_driver_api=None)
-    nvcc = _command_output(["nvcc", "--version"])
-    env["nvcc"] = nvcc.splitlines()[-1].strip() if nvcc else "not found"
-    try:
-        import torch
-
-        env["torch"] = f"{torch.__version__} (cuda {torch.version.cuda})"
-    except ImportError:
-        env["torch"] = "not installed"
-    return env
-
-
+# ---------------------------------------------------------------------------------------------- picking
 def _pick_per_scheduler(calls: dict, sync, rounds: int) -> dict:
     """For each scheduler, what the runtime's picker would ship from the candidates a library compiled with it
     carries (its variants in both modes, direct and CUDA graph, and the sequential ones), timed interleaved."""
@@ -217,97 +213,125 @@ def _interleaved_pick(calls: dict, sync, rounds: int) -> dict:
             "never_slower": med[choice] <= seq * (1 + TIE), "candidates": med, "rounds": rounds}
 
 
-def cmd_run(args) -> int:
-    import numpy as np
-    import tvm
-
-    from runtime.cuda import check_cuda_device, ensure_cuda_runtime
-
-    def log(msg):
-        print(msg, file=sys.stderr, flush=True)
-
-    with open(os.path.join(args.dir, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    if manifest.get("device", "cuda") == "cuda":
-        ensure_cuda_runtime()
-        dev = check_cuda_device(0)
-    else:
-        dev = tvm.cpu(0)
-    is_gpu = dev.dlpack_device_type() != 1 if hasattr(dev, "dlpack_device_type") else True
-    result = {"format": "tvm-interop-gpu-check-result", "version": 1, "environment": environment(dev, is_gpu),
-              "device": dev.device_name if is_gpu else f"CPU ({platform.processor() or platform.machine()})",
-              "compute_version": dev.compute_version if is_gpu else None,
-              "multi_processors": dev.multi_processor_count if is_gpu else os.cpu_count(),
-              "tvm": tvm.__version__, "python": platform.python_version(), "repeat": args.repeat,
-              "warmup": args.warmup, "timing": "wall clock of one call + device sync; median",
-              "build": {k: manifest[k] for k in ("target", "width", "image_size", "batch", "cost", "max_streams")},
-              "torch": None, "models": []}
+# ---------------------------------------------------------------------------------------------- the step
+def _torch_available(is_gpu: bool) -> bool:
+    """PyTorch eager runs only on a GPU machine with a CUDA build of torch (cuDNN benchmark mode on)."""
     try:
         import torch
-
-        have_torch = torch.cuda.is_available() and is_gpu
-        result["torch"] = f"{torch.__version__} (cuda {torch.version.cuda})" if have_torch else None
-        if have_torch:
-            torch.backends.cudnn.benchmark = True
     except ImportError:
-        have_torch = False
-    only = set(args.models.split(",")) if args.models else None
-    for entry in manifest["models"]:
-        if only and entry["name"] not in only:
-            continue
-        t0 = time.perf_counter()
-        variants = Variants(args.dir, entry, manifest["seed"], dev)
-        model = {"name": entry["name"], "units": entry["units"], "image_size": entry["image_size"], "variants": []}
-        ref = None
-        calls: dict = {}
-        for var in entry["variants"]:
-            rec = {k: var.get(k) for k in ("name", "cuda_graph", "num_streams", "stages", "max_concurrency", "mode",
-                                          "predicted_ms", "note")}
-            try:
-                run_once = variants.call(var)
-                out = _to_numpy(run_once())
-                if ref is None:
-                    ref = out  # the first variant is plain TVM's direct build: the reference
-                err = _max_err(out, ref)
-                scale = max(1e-6, float(np.max(np.abs(np.asarray(ref if not isinstance(ref, list) else ref[0])))))
-                rec["max_abs_err"] = err
-                rec["ok"] = bool(err <= 1e-4 * scale + 1e-5)
-                rec.update(_bench(run_once, dev.sync, args.warmup, args.repeat))
-                if rec["ok"]:
-                    calls[var["name"]] = run_once
-            except Exception as e:  # noqa: BLE001 - record and go on with the other variants
-                rec["ok"] = False
-                rec["error"] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+        return False
+    if not (is_gpu and torch.cuda.is_available()):
+        return False
+    torch.backends.cudnn.benchmark = True
+    return True
+
+
+def _new_result(args, manifest: dict, dev, is_gpu: bool) -> dict:
+    env = environment(dev, is_gpu)
+    return {"format": "tvm-interop-gpu-check-result", "version": 1, "environment": env,
+            "device": env["device"], "compute_version": env["compute_capability"], "multi_processors":
+            env["sm_count"] if is_gpu else os.cpu_count(), "tvm": env["tvm"], "python": env["python"],
+            "repeat": args.repeat, "warmup": args.warmup, "timing": "wall clock of one call + device sync; median",
+            "build": {k: manifest.get(k) for k in ("target", "width", "image_size", "batch", "cost", "max_streams")},
+            "torch": env["torch"] if _torch_available(is_gpu) else None, "models": []}
+
+
+def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
+                   sync) -> tuple[dict, Any, Callable | None]:
+    """One variant: its output against ``ref`` (plain TVM's; ``is_reference``: this one is plain TVM) and its
+    latency. Returns the record, its output and the callable (None when it failed or computed something else)."""
+    rec = {k: var.get(k) for k in ("name", "cuda_graph", "num_streams", "stages", "max_concurrency", "mode",
+                                   "predicted_ms", "note")}
+    try:
+        run_once = variants.call(var)
+        out = _to_numpy(run_once())
+        ref = out if is_reference else ref
+        if ref is None:
+            rec.update(ok=None, note="not checked: plain TVM failed")
+        else:
+            rec["max_abs_err"] = _max_err(out, ref)
+            rec["ok"] = bool(rec["max_abs_err"] <= tolerance(ref))
+        rec.update(_bench(run_once, sync, args.warmup, args.repeat))
+    except Exception as e:  # noqa: BLE001 - record and go on with the other variants
+        rec.update(ok=False, error=_error_text(e))
+        return rec, None, None
+    return rec, out, run_once if rec["ok"] else None
+
+
+def _torch_record(args, manifest: dict, entry: dict) -> dict:
+    """PyTorch eager on the same network (random weights: latency only)."""
+    import torch
+
+    rec = {"name": "PyTorch eager (cuDNN)", "cuda_graph": False, "note": "random weights: latency only"}
+    try:
+        with open(os.path.join(args.dir, entry["torch_program"]), encoding="utf-8") as f:
+            run = torch_runner(json.load(f), "cuda", manifest["seed"])
+        with torch.inference_mode():
+            rec.update(_bench(run, torch.cuda.synchronize, args.warmup, args.repeat))
+        rec["ok"] = None
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = _error_text(e)
+    return rec
+
+
+def _log_variant(model: str, rec: dict) -> None:
+    if "median_ms" not in rec:
+        log(f"  {model:16s} {rec['name']:32s} FAILED: {rec.get('error')}")
+    else:
+        err = f"  err {rec['max_abs_err']:.1e}" if "max_abs_err" in rec else ""
+        log(f"  {model:16s} {rec['name']:32s} {rec['median_ms']:8.3f} ms{err}")
+
+
+def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
+    """Every variant of one model checked and timed, the pick per scheduler, PyTorch eager."""
+    t0 = time.perf_counter()
+    model = {"name": entry["name"], "units": entry["units"], "image_size": entry["image_size"], "variants": []}
+    variants = Variants(args.dir, entry, manifest["seed"], dev)
+    ref, calls = None, {}
+    try:
+        for i, var in enumerate(entry["variants"]):
+            # the first variant is plain TVM's direct build: the reference
+            rec, out, call = _check_variant(variants, var, ref, i == 0, args, dev.sync)
+            ref = out if i == 0 else ref
+            if call is not None:
+                calls[var["name"]] = call
             model["variants"].append(rec)
-            log(f"  {entry['name']:16s} {rec['name']:32s} "
-                + (f"{rec['median_ms']:8.3f} ms  err {rec['max_abs_err']:.1e}" if "median_ms" in rec
-                   else f"FAILED: {rec.get('error')}"))
+            _log_variant(entry["name"], rec)
         model["picked"] = _pick_per_scheduler(calls, dev.sync, args.pick_rounds)
         for sname, pk in model["picked"].items():
             log(f"  {entry['name']:16s} picked for {sname}: {pk['choice']} {pk['median_ms']:.3f} ms "
                 f"({pk['speedup']:.2f}x of the best sequential; never slower: {pk['never_slower']})")
-        if have_torch and entry.get("torch_program"):
-            rec = {"name": "PyTorch eager (cuDNN)", "cuda_graph": False, "note": "random weights: latency only"}
-            try:
-                with open(os.path.join(args.dir, entry["torch_program"]), encoding="utf-8") as f:
-                    prog = json.load(f)
-                run = torch_runner(prog, "cuda", manifest["seed"])
-                with torch.inference_mode():
-                    rec.update(_bench(run, torch.cuda.synchronize, args.warmup, args.repeat))
-                rec["ok"] = None
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
-            model["variants"].append(rec)
-            log(f"  {entry['name']:16s} {rec['name']:32s} "
-                + (f"{rec['median_ms']:8.3f} ms" if "median_ms" in rec else f"FAILED: {rec.get('error')}"))
+    finally:
         variants.close()
-        model["seconds"] = time.perf_counter() - t0
+    if with_torch and entry.get("torch_program"):
+        model["variants"].append(_torch_record(args, manifest, entry))
+        _log_variant(entry["name"], model["variants"][-1])
+    model["seconds"] = time.perf_counter() - t0
+    return model
+
+
+def _write(out: str, result: dict) -> None:
+    from runtime import atomic
+
+    os.makedirs(out, exist_ok=True)
+    atomic.write_text(os.path.join(out, "gpu_check.json"), json.dumps(result, indent=1))
+    atomic.write_text(os.path.join(out, "gpu_check.md"), render_markdown(result))
+
+
+def cmd_run(args) -> int:
+    """Check and time every variant of every (selected) model; exit 1 when a variant fails, 2 when the carried
+    build cannot run here at all (CUDA source in a library, no manifest)."""
+    try:
+        manifest, entries, kernels, dev, is_gpu = start(args)
+    except CannotRun as e:
+        return e.status
+    result = _new_result(args, manifest, dev, is_gpu)
+    for entry in entries:
+        model = run_model(args, manifest, entry, dev, result["torch"] is not None)
+        model["kernels"] = kernels[entry["name"]]
         result["models"].append(model)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_check.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "gpu_check.md"), "w", encoding="utf-8") as f:
-        f.write(render_markdown(result))
+    result["runtime_only"] = runtime_only_status()
+    _write(args.out, result)
     bad = [(m["name"], v["name"]) for m in result["models"] for v in m["variants"] if v.get("ok") is False]
     log(f"wrote {args.out}/gpu_check.json and gpu_check.md; {len(bad)} variant(s) failed")
     return 0 if not bad else 1

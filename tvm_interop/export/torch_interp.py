@@ -13,6 +13,12 @@ Where torch's functional API cannot express a Relax attribute directly, the call
 * ``nn.avg_pool2d`` with such padding: ``count_include_pad=True`` -> ``F.pad`` (zeros) then ``F.avg_pool2d``;
   ``count_include_pad=False`` -> ``F.avg_pool2d(F.pad(x))`` times a constant buffer ``k*k / valid-cells`` per
   output position.
+
+This module and its package's ``__init__`` import nothing from TVM or from the ``tvm_interop`` package at module
+level (reading a Relax module imports TVM lazily): the GPU check replays a model's graph JSON
+(``graph_from_json``) with :func:`graph_to_torch` on a machine that has TVM's runtime only, loading
+``tvm_interop/export`` on its own (``scripts/gpucheck/torch_replay.py``; ``tests/test_gpu_check_script.py`` blocks
+the compiler-only modules while it does). Keep new imports here function-local or relative.
 """
 from __future__ import annotations
 

@@ -1,0 +1,350 @@
+"""scripts/gpu_check (build here, run / diagnose on a GPU machine with TVM's runtime only), checked on this CPU.
+
+Why these tests: the GPU machine has TVM's runtime and no compiler, and a session there is expensive, so whatever
+can fail there for a reason visible here must fail here first:
+
+* the run and diagnose steps import nothing compiler-only (``passes``, the ``tvm_interop`` front door,
+  ``tvm.relax``, ...): checked by running them with ``TVM_USE_RUNTIME_LIB=1`` and an import blocker;
+* a library that holds CUDA *source* (TVM would compile it at load, which needs the compiler) is refused up front
+  with a clear message, not with TVM's ``TargetCurrent`` error from deep inside the loader;
+* the PyTorch replay (graph JSON written at build time, rebuilt by ``tvm_interop.export.torch_interp``) computes
+  what TVM computes on every zoo model, randwire's scalar constants included;
+* the reports carry the environment (driver, nvcc, device, compute capability, SMs, CUDA runtime, TVM, Python);
+* the diagnose step classifies variants exact / racy / wrong;
+* ``build`` still builds a real CUDA library (fatbin, well-formed manifest): slow, needs nvcc.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "gpu_check.py")
+SHELL = os.path.join(REPO, "scripts", "gpu_check.sh")
+
+# modules that only TVM's compiler side provides or needs; the run path must import none of them
+BLOCKED = ("passes", "tvm_interop", "tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule", "tvm.dlight",
+           "tvm.contrib.nvcc")
+
+# sitecustomize for the child processes (the diagnose step starts its own child, which inherits PYTHONPATH): an
+# import of a blocked module fails, and is recorded even when the caller swallows the ImportError; at exit the
+# record says which native TVM libraries were loaded.
+_BLOCKER = textwrap.dedent('''
+    import atexit, importlib.abc, json, os, sys
+    BLOCKED = {blocked!r}
+    attempts = []
+
+    class _Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+                attempts.append(name)
+                raise ImportError("compiler-only module " + name + " imported on the runtime-only path")
+            return None
+
+    sys.meta_path.insert(0, _Block())
+
+    @atexit.register
+    def _report():
+        base = sys.modules.get("tvm.base")
+        libs = sorted(getattr(base, "_LOADED_LIBS", {{}})) if base else []
+        loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+        path = os.path.join(os.environ["GPU_CHECK_IMPORT_LOG"], "imports.%d.json" % os.getpid())
+        with open(path, "w") as f:
+            json.dump({{"argv": sys.argv, "blocked": attempts, "loaded": loaded, "libs": libs}}, f)
+''')
+
+
+def _load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gc = _load_gpu_check()
+from gpucheck import device as gcdev  # noqa: E402 - gpu_check puts scripts/ on sys.path
+from gpucheck import diagnose as gcdiag  # noqa: E402
+
+
+def _runtime_only_env(tmp_path) -> tuple[dict, str]:
+    """Environment of the GPU machine's steps: TVM's runtime library only, compiler-only modules blocked."""
+    site = tmp_path / "blocker"
+    log = tmp_path / "import_log"
+    site.mkdir(exist_ok=True)
+    log.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(blocked=BLOCKED))
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", GPU_CHECK_IMPORT_LOG=str(log),
+               PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return env, str(log)
+
+
+def _import_records(log: str) -> list[dict]:
+    return [json.load(open(os.path.join(log, f))) for f in sorted(os.listdir(log))]
+
+
+def _assert_runtime_only(log: str, processes: int) -> None:
+    recs = _import_records(log)
+    assert len(recs) >= processes, recs
+    for r in recs:
+        assert r["blocked"] == [] and r["loaded"] == [], r
+        assert "tvm_compiler" not in r["libs"], r   # libtvm_compiler.so never loaded (TVM itself may not be)
+
+
+def _gc(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def dry_build(tmp_path_factory) -> str:
+    """A CPU dry run of the build (target llvm, squeezenet, tiny): the same manifest and libraries as a CUDA
+    build, in seconds."""
+    d = str(tmp_path_factory.mktemp("gpu_check") / "build")
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
+
+# ------------------------------------------------------------------------------------- 1. runtime only
+def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
+    """Both GPU-side steps, end to end, with libtvm_runtime alone and every compiler-only import blocked (the
+    diagnose step's serialized child process included)."""
+    env, log = _runtime_only_env(tmp_path)
+    out = str(tmp_path / "out")
+    r = _gc("run", "--dir", dry_build, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "2",
+            env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _gc("diagnose", "--dir", dry_build, "--out", out, "--runs", "2", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_runtime_only(log, processes=3)   # run, diagnose, diagnose's serialized child
+    result = json.load(open(os.path.join(out, "gpu_check.json")))
+    assert result["runtime_only"] == {"tvm_compiler_loaded": False, "compiler_modules": []}
+    assert all(v["ok"] for v in result["models"][0]["variants"])
+
+
+def test_torch_replay_needs_only_tvm_runtime(tmp_path):
+    """The PyTorch baseline's import chain on the GPU machine: the graph JSON is made here (compiler), replayed
+    there with the shared interpreter, loaded without the ``tvm_interop`` package (whose front door is the
+    compiler-side API)."""
+    pytest.importorskip("torch")
+    from tvm_interop.export import graph_to_json, read_relax
+    from tvm_interop.models import get_model
+
+    path = tmp_path / "randwire.torch.json"
+    path.write_text(json.dumps(graph_to_json(read_relax(get_model("randwire", width=0.125, image_size=32,
+                                                                   depth=5)))))
+    env, log = _runtime_only_env(tmp_path)
+    code = (f"import importlib.util, json, sys\n"
+            f"spec = importlib.util.spec_from_file_location('gc', {SCRIPT!r})\n"
+            f"gc = importlib.util.module_from_spec(spec); spec.loader.exec_module(gc)\n"
+            f"y = gc.torch_runner(json.load(open({str(path)!r})), 'cpu', seed=1)()\n"
+            f"assert y.shape[0] == 1 and bool(y.isfinite().all())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_runtime_only(log, processes=1)
+
+
+# ------------------------------------------------------------------------------------- CUDA source refused
+def _cuda_source_library(path: str) -> None:
+    """A tiny Relax program built for CUDA and exported as TVM does without a GPU: CUDA source inside."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    tvm.compile(bb.get(), tvm.target.Target({"kind": "cuda", "arch": "sm_90"})).export_library(path)
+
+
+def test_kernel_formats_are_read_from_the_library_bytes(tmp_path):
+    src = str(tmp_path / "src.so")
+    _cuda_source_library(src)
+    assert gcdev.cuda_kernel_formats(src) == ["cuda"]
+    # a library whose CUDA module holds a fatbin (the layout passes.cuda_compile writes), and one without CUDA
+    fake = struct.pack("<Q", 4) + b"cuda" + struct.pack("<Q", 8 + 6 + 8 + 16) + struct.pack("<Q", 6) + b"fatbin"
+    (tmp_path / "bin.so").write_bytes(b"\0" * 64 + fake + struct.pack("<Q", 0) + struct.pack("<Q", 8) + b"\x50" * 8)
+    assert gcdev.cuda_kernel_formats(str(tmp_path / "bin.so")) == ["fatbin"]
+    (tmp_path / "cpu.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    assert gcdev.cuda_kernel_formats(str(tmp_path / "cpu.so")) == []
+
+
+@pytest.mark.parametrize("step", ["run", "diagnose"])
+def test_library_with_cuda_source_is_refused(tmp_path, step):
+    """No load-time compile on the GPU machine: a library holding CUDA source stops the step before anything is
+    loaded, naming the library and the fix."""
+    d = tmp_path / "gc"
+    (d / "libs").mkdir(parents=True)
+    _cuda_source_library(str(d / "libs" / "m.plain.so"))
+    manifest = {"format": "tvm-interop-gpu-check", "version": 1, "device": "cuda", "target": "cuda -arch=sm_90",
+                "seed": 0, "width": 1.0, "image_size": None, "batch": 1, "cost": "sim:h100", "max_streams": 8,
+                "models": [{"name": "m", "units": 1, "image_size": 4, "inputs": [{"shape": [4, 8],
+                                                                                   "dtype": "float32"}],
+                            "weights": [], "variants": [{"name": "plain TVM", "library": "libs/m.plain.so",
+                                                          "function": "main", "streams": None}]}]}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    env, _ = _runtime_only_env(tmp_path)
+    args = ["--repeat", "100"] if step == "run" else []
+    r = _gc(step, "--dir", str(d), "--out", str(tmp_path / "out"), *args, env=env)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "CUDA source" in r.stderr and "libs/m.plain.so" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------- 2. PyTorch replay
+ZOO = ["googlenet", "inception_v3", "nasnet_a_large", "nasnet_a_mobile", "randwire", "resnet50", "squeezenet"]
+
+
+def test_zoo_list_is_complete():
+    from tvm_interop.models import list_models
+
+    assert sorted(ZOO) == list_models()
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_torch_replay_matches_plain_tvm(name):
+    """The op list written at build time, through JSON, replayed by the GPU check's runner with torch on the CPU
+    with the model's own weights, equals a plain TVM llvm build; with random weights (what the device runs) it
+    is finite. randwire's scalar constants (shape ()) are what broke the first replay."""
+    torch = pytest.importorskip("torch")
+    import tvm_interop
+    from tvm_interop.models import MODELS, get_model
+
+    spec = MODELS[name]
+    kw = {"depth": spec.min_depth} if spec.depth_param is not None else {}
+    mod = get_model(name, width=0.25, image_size=max(spec.min_image_size, 32), **kw)
+    values: dict = {}
+    data = json.loads(json.dumps(gc.torch_program(mod, values)))
+    x = np.random.default_rng(0).standard_normal(data["inputs"][0][1]).astype("float32")   # [name, shape, dtype]
+    with torch.inference_mode():
+        got = gc.torch_runner(data, "cpu", constants=values, inputs=[x])().numpy()
+        finite = bool(gc.torch_runner(data, "cpu", seed=1)().isfinite().all())
+    np.testing.assert_allclose(got, tvm_interop.run_reference(mod, [x]), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert finite, name
+    if name == "randwire":
+        assert any(c["shape"] == [] for c in data["constants"].values())
+
+
+# ------------------------------------------------------------------------------------- 3. diagnose
+def test_classify():
+    tol = 1e-3
+    ok = {"max_err": 0.0, "run_to_run": 0.0}
+    bad = {"max_err": 0.5, "run_to_run": 0.0}
+    unstable = {"max_err": 1e-4, "run_to_run": 0.2}
+    assert gcdiag.classify(ok, None, tol) == "exact"
+    assert gcdiag.classify(unstable, ok, tol) == "racy"
+    assert gcdiag.classify(bad, ok, tol) == "racy"
+    assert gcdiag.classify(bad, bad, tol) == "wrong"
+    assert gcdiag.classify(bad, None, tol) == "unknown"
+    assert gcdiag.classify({"error": "boom"}, None, tol) == "error"
+
+
+def test_spread_is_pairwise():
+    a, b, c = np.zeros(3), np.array([0.0, 1.0, 0.0]), np.array([0.0, -1.0, 0.0])
+    s = gcdiag.spread([a, b, c], a)
+    assert s["runs"] == 3 and s["run_to_run"] == 2.0 and s["max_err"] == 1.0 and s["max_err_per_run"] == [0, 1, 1]
+
+
+def test_diagnose_report(dry_build, tmp_path):
+    out = str(tmp_path / "out")
+    r = _gc("diagnose", "--dir", dry_build, "--out", out, "--runs", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
+    variants = diag["models"][0]["variants"]
+    assert [v["name"] for v in variants] == ["greedy", "greedy + CUDA graph", "greedy (dependency)",
+                                             "greedy (dependency) + CUDA graph"]
+    for v in variants:
+        assert v["verdict"] == "exact" and v["runs"] == 3 and v["serialized"]["runs"] == 3
+        assert v["run_to_run"] == 0.0 and len(v["max_err_per_run"]) == 3
+    assert diag["runs"] == 3 and diag["environment"]["tvm"]
+    md = open(os.path.join(out, "gpu_check_diagnose.md")).read()
+    assert "| greedy (dependency) |" in md and "CUDA_LAUNCH_BLOCKING=1" in md and "| nvcc |" in md
+
+
+# ------------------------------------------------------------------------------------- 4. environment
+ENV_KEYS = ("device", "compute_capability", "sm_count", "driver", "cuda_driver_api", "cuda_runtime",
+            "tvm_cuda_api", "nvcc", "tvm", "python", "torch")
+
+
+def test_environment_of_a_cpu_run():
+    import tvm
+
+    env = gcdev.environment(tvm.cpu(0), False)
+    assert set(ENV_KEYS) <= set(env)
+    assert env["tvm"] == tvm.__version__ and env["python"].count(".") == 2
+    assert env["nvcc"] == "not found" if shutil.which("nvcc") is None else env["nvcc"].startswith("release ")
+
+
+class _FakeGpu:
+    """A CUDA device whose every attribute query fails, as on a half-working driver."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no attribute {name} on this device")
+
+
+def test_environment_is_robust_when_everything_is_missing(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(gcdev, "_loaded_library", lambda part: None)
+    env = gcdev.environment(_FakeGpu(), True)
+    assert set(ENV_KEYS) <= set(env)
+    for k in ("device", "compute_capability", "sm_count", "driver", "nvcc", "cuda_runtime", "tvm_cuda_api"):
+        assert env[k] == "not found", (k, env[k])
+    json.dumps(env)
+
+
+def test_run_report_records_the_environment(dry_build, tmp_path):
+    out = str(tmp_path / "out")
+    r = _gc("run", "--dir", dry_build, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "0",
+            "--models", "squeezenet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.load(open(os.path.join(out, "gpu_check.json")))
+    assert set(ENV_KEYS) <= set(result["environment"])
+    assert result["models"][0]["kernels"] == {"libs/squeezenet.plain.so": [], "libs/squeezenet.sched.so": []}
+    md = open(os.path.join(out, "gpu_check.md")).read()
+    assert "| compute capability |" in md and "| CUDA runtime |" in md
+
+
+# ------------------------------------------------------------------------------------- 5. build (CUDA)
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")
+def test_cuda_build_squeezenet(tmp_path):
+    """``scripts/gpu_check.sh build --models squeezenet --width 0.25``: a real CUDA build (~30 s), fatbins for
+    sm_90 in every library, a well-formed manifest, the graph JSON for the PyTorch baseline."""
+    from passes.cuda_compile import fatbin_arches, library_cuda_images
+
+    d = tmp_path / "gc"
+    r = subprocess.run(["bash", SHELL, "build", "--models", "squeezenet", "--width", "0.25", "--dir", str(d),
+                        "--no-kit"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.load(open(d / "manifest.json"))
+    assert m["format"] == "tvm-interop-gpu-check" and m["device"] == "cuda" and m["target"] == "cuda -arch=sm_90"
+    (entry,) = m["models"]
+    assert entry["name"] == "squeezenet" and entry["units"] > 0 and entry["inputs"][0]["shape"] == [1, 3, 224, 224]
+    assert all(len(w["shape"]) >= 1 for w in entry["weights"])
+    names = [v["name"] for v in entry["variants"]]
+    assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(names) == 2 + 4 * 2 * 2
+    for v in entry["variants"]:
+        assert (d / (v["library"] + ".xz")).exists() and v["function"]
+        if v["name"] != "plain TVM" and not v["name"].startswith("plain"):
+            assert v["streams"] and v["mode"] in ("stage", "dependency")
+    assert entry["kernels"] == {lib: ["fatbin"] for lib in {v["library"] for v in entry["variants"]}}
+    for lib in entry["kernels"]:
+        path = str(tmp_path / os.path.basename(lib))
+        import lzma
+
+        with lzma.open(d / (lib + ".xz")) as f, open(path, "wb") as g:
+            g.write(f.read())
+        assert [fatbin_arches(c) for _, c in library_cuda_images(path)] == [["sm_90"]]
+        assert gcdev.cuda_kernel_formats(path) == ["fatbin"]
+    graph = json.load(open(d / entry["torch_program"]))
+    assert graph["inputs"][0][1] == [1, 3, 224, 224] and graph["nodes"]
