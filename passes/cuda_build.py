@@ -3,8 +3,11 @@
 * **Targets.** This TVM refuses the old CLI target strings (``"cuda -arch=sm_90"``); :func:`normalize_target`
   accepts them anyway, plus ``"cuda"``, dicts and ``Target`` objects, and fills in ``arch`` (default ``sm_90``,
   the H100 / H200; ``TVM_INTEROP_CUDA_ARCH`` overrides) so that no GPU is needed to pick one.
-* **Compiler.** Kernels are compiled with ``nvcc`` (``TVM_CUDA_COMPILE_MODE=nvcc`` is set when unset; TVM's other
-  mode, NVRTC, needs the ``cuda-bindings`` package). No GPU or driver is needed for that.
+* **Compiler.** Kernels are compiled with ``nvcc`` at build time, by :func:`build_cuda`, into one fatbin with a
+  cubin per requested arch (``passes.cuda_compile``: TVM's nvcc flags, ``-gencode arch=compute_XY,code=sm_XY``
+  per arch, no PTX); the export ships that fatbin instead of the CUDA source that TVM keeps when no CUDA driver
+  is present, so the library loads with TVM's runtime alone. ``TVM_CUDA_COMPILE_MODE=nvcc`` is set when unset
+  (for a build on a GPU machine, where TVM compiles too). No GPU or driver is needed.
 * **Pipeline.** TVM's default CUDA pipeline (``relax.backend.cuda``): legalization, DLight's default GPU
   schedules (``Matmul, GEMV, Reduction, GeneralReduction, Fallback``: every kernel gets thread bindings), memory
   planning, and the VM lowering passes — with two changes:

@@ -5,11 +5,25 @@ keeps the generated CUDA *source* in the library (its fallback module, format ``
 compiles it when the library is loaded, through the Python callback ``tvm_callback_cuda_compile``, which needs
 TVM's compiler library and nvcc on the deployment machine. On the H100 nothing loaded with TVM's runtime alone.
 
-So the build compiles the source here with nvcc into a fatbin holding SASS for each arch (``-gencode
-arch=compute_XY,code=sm_XY`` per arch; no PTX, so nothing is ever JIT-compiled at load), and the export writes
-that fatbin into the library in place of the source: the CUDA module's serialized form is ``[format][function
-table][code]``, the same for TVM's fallback and real CUDA modules, so only the format (``cuda`` -> ``fatbin``)
-and the code change. A deployed library then needs TVM's runtime and the CUDA driver only.
+How TVM decides (``src/runtime/cuda/cuda_module.cc``): the codegen hands the source to ``ffi.Module.create.cuda``,
+which compiles it through ``tvm_callback_cuda_compile`` — but that factory lives in ``libtvm_runtime_cuda.so``,
+which cannot load without a CUDA driver, so on a GPU-less build machine the codegen's fallback module keeps the
+source (format ``cuda``, the callback is never called). ``ffi.Module.load_from_bytes.cuda`` then JIT-compiles any
+``cuda``-format payload at load; every other format goes to ``cuModuleLoadData`` as is, lazily, at the first
+launch on a device. So a build-time compile callback would not help here: the build compiles the source itself.
+
+The build compiles the source here with nvcc into a fatbin holding SASS for each arch (:func:`nvcc_command`:
+TVM's own nvcc flags — ``-O3 --use_fast_math``, the half/bfloat16 operator macros, ``--expt-relaxed-constexpr
+--expt-extended-lambda``, ptxas ``--register-usage-level=10`` — with ``-gencode arch=compute_XY,code=sm_XY`` per
+arch instead of TVM's single arch; TVM's ``TVM_CUDA_NVCC_NO_FAST_MATH`` / ``TVM_CUDA_PTXAS_*`` variables are
+honoured), and the export writes that fatbin into the library in place of the source: the CUDA module's serialized
+form is ``[format][function table][code]``, the same for TVM's fallback and real CUDA modules, so only the format
+(``cuda`` -> ``fatbin``) and the code change. A deployed library then needs TVM's runtime and the CUDA driver only.
+
+No PTX goes in (decided): PTX would let a *newer* GPU run the library by having the driver JIT-compile every kernel
+at first load (seconds to minutes for a large model, with ptxas settings nobody chose), and it would hide a
+missing arch instead of reporting it. A library runs where one of its cubins runs (same major, equal or newer
+minor: an sm_80 cubin runs on sm_86); anywhere else the runtime refuses it with the ``--arch`` to rebuild with.
 
 The arches are recorded in the plan (``plan.meta["cuda_arches"]``) so the runtime can refuse a GPU the library
 has no binary for, with a clear message, before any kernel is loaded (``runtime.cuda.check_arch``).
@@ -19,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -34,10 +49,18 @@ FATBIN_MAGIC = 0xBA55ED50
 CUDA_SOURCE_FORMAT = "cuda"
 BINARY_FORMAT = "fatbin"
 
-_compiled: dict[str, bytes] = {}   # sha256(source + arches) -> fatbin, filled by the build, used by the export
+_compiled: dict[str, bytes] = {}   # sha256(nvcc flags + source) -> fatbin: compiled by the build, reused by the export
+
+
+# TVM's nvcc flags (``tvm.support.nvcc._compile_cuda_nvcc``), so the kernels are the ones TVM itself would build.
+TVM_NVCC_FLAGS = ("-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                  "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                  "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+                  "--expt-relaxed-constexpr", "--expt-extended-lambda")
 
 
 def gencode_flags(arches: list[str]) -> list[str]:
+    """``-gencode arch=compute_XY,code=sm_XY`` per arch: SASS only (``code=sm_``), no PTX (``code=compute_``)."""
     flags: list[str] = []
     for a in arches:
         cc = a[3:]
@@ -45,13 +68,28 @@ def gencode_flags(arches: list[str]) -> list[str]:
     return flags
 
 
-def _key(source: str, arches: list[str]) -> str:
-    return hashlib.sha256((",".join(arches) + "\0" + source).encode()).hexdigest()
+def nvcc_flags(arches: list[str]) -> list[str]:
+    """Every nvcc flag of the kernel compile but the files: TVM's flags and environment variables (fast math
+    unless ``TVM_CUDA_NVCC_NO_FAST_MATH``; ptxas ``TVM_CUDA_PTXAS_REG_LEVEL`` / ``TVM_CUDA_PTXAS_EXTRA_OPTS``;
+    not ptxas ``-v``, which only prints register use), one cubin per arch."""
+    fast_math = [] if os.environ.get("TVM_CUDA_NVCC_NO_FAST_MATH") else ["--use_fast_math"]
+    ptxas = [f"--register-usage-level={os.environ.get('TVM_CUDA_PTXAS_REG_LEVEL', '10')}",
+             "--warn-on-local-memory-usage", *shlex.split(os.environ.get("TVM_CUDA_PTXAS_EXTRA_OPTS", ""))]
+    return ["--fatbin", *TVM_NVCC_FLAGS, *fast_math, f"--ptxas-options={','.join(ptxas)}", *gencode_flags(arches)]
+
+
+def nvcc_command(nvcc: str, source_path: str, out_path: str, arches: list[str]) -> list[str]:
+    return [nvcc, *nvcc_flags(arches), "-o", out_path, source_path]
+
+
+def _key(source: str, flags: list[str]) -> str:
+    return hashlib.sha256((" ".join(flags) + "\0" + source).encode()).hexdigest()
 
 
 def compile_fatbin(source: str, arches: list[str]) -> bytes:
-    """nvcc ``--fatbin -O3`` with one cubin per arch (cached per source and arches in this process)."""
-    key = _key(source, arches)
+    """nvcc (:func:`nvcc_command`) -> a fatbin with one cubin per arch (cached per source and flags in this
+    process: the build compiles, the export reuses)."""
+    key = _key(source, nvcc_flags(arches))
     if key in _compiled:
         return _compiled[key]
     nvcc = shutil.which("nvcc")
@@ -62,10 +100,10 @@ def compile_fatbin(source: str, arches: list[str]) -> bytes:
         src, out = os.path.join(d, "kernels.cu"), os.path.join(d, "kernels.fatbin")
         with open(src, "w", encoding="utf-8") as f:
             f.write(source)
-        cmd = [nvcc, "--fatbin", "-O3", *gencode_flags(arches), "-o", out, src]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(nvcc_command(nvcc, src, out, arches), capture_output=True, text=True)
         if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            errors = [ln for ln in (proc.stderr or proc.stdout).splitlines() if "error" in ln.lower()]
+            tail = (errors or (proc.stderr or proc.stdout).strip().splitlines())[-5:]
             raise InteropError("nvcc failed to compile the CUDA kernels:\n  " + "\n  ".join(tail))
         with open(out, "rb") as f:
             data = f.read()
@@ -79,12 +117,12 @@ def compile_fatbin(source: str, arches: list[str]) -> bytes:
 def cuda_modules(library) -> list:
     """The CUDA modules imported (directly or not) by a built executable or loaded library."""
     lib = getattr(library, "mod", library)
-    out, stack, seen = [], [lib], set()
+    out, stack, seen = [], [lib], []
     while stack:
-        m = stack.pop()
-        if m.same_as(lib) and id(m) in seen:
+        m = stack.pop(0)
+        if any(m.same_as(s) for s in seen):   # a module imported twice is one module (and one blob entry)
             continue
-        seen.add(id(m))
+        seen.append(m)
         if m.kind == "cuda":
             out.append(m)
         stack.extend(m.imports)
@@ -160,15 +198,23 @@ def cuda_payload_parts(payload: bytes, source: str | None = None) -> tuple[str, 
     raise InteropError("could not find the kernel code in a CUDA module (unexpected serialization)")
 
 
-def with_binary_cuda_modules(blob: bytes, binaries: list[bytes]) -> bytes:
-    """The blob with each CUDA module's source replaced by the given binaries, in module order."""
+def with_binary_cuda_modules(blob: bytes, arches: list[str], sources: list[str] = ()) -> bytes:
+    """The blob with each CUDA module's code replaced by the fatbin of its source. The source is the module's own
+    payload when TVM kept it (format ``cuda``: a build without a CUDA driver); a module TVM already compiled (a
+    build on a GPU machine: one arch, source not serialized) takes the in-memory ``sources``, which pair with it
+    only when there is one CUDA module (the packer's module order is not the import order)."""
     header, mods = split_library_blob(blob)
     cuda = [i for i, (k, _) in enumerate(mods) if k == "cuda"]
-    if len(cuda) != len(binaries):
-        raise InteropError(f"the library has {len(cuda)} CUDA module(s) but {len(binaries)} binaries were built")
-    for i, binary in zip(cuda, binaries):
-        _, fmap, _ = cuda_payload_parts(mods[i][1])
-        mods[i] = ("cuda", _string(BINARY_FORMAT.encode()) + fmap + _string(binary))
+    for i in cuda:
+        fmt, fmap, code = cuda_payload_parts(mods[i][1])
+        if fmt == CUDA_SOURCE_FORMAT:
+            source = code.decode()
+        elif len(cuda) == 1 and len(sources) == 1:
+            source = sources[0]
+        else:
+            raise InteropError(f"cannot pair {len(cuda)} compiled CUDA module(s) with their sources to rebuild them "
+                               "for the requested arches")
+        mods[i] = ("cuda", _string(BINARY_FORMAT.encode()) + fmap + _string(compile_fatbin(source, arches)))
     return join_library_blob(header, mods)
 
 
@@ -188,7 +234,6 @@ def export_cuda_library(library, path: str, arches: list[str]) -> None:
     from runtime.model import export_library
 
     sources = cuda_sources(library)
-    binaries = [compile_fatbin(src, arches) for src in sources]
     lib = getattr(library, "mod", library)
 
     def pack_imports(mod, is_system_lib, prefix, workspace_dir):
@@ -197,7 +242,7 @@ def export_cuda_library(library, path: str, arches: list[str]) -> None:
         blob = bytes(tvm_ffi.get_global_func("runtime.ModulePackImportsToTensor")(lib).numpy().tobytes())
         path_c = os.path.join(workspace_dir, "devc.c")
         with open(path_c, "w", encoding="utf-8") as f:
-            f.write(blob_as_c(with_binary_cuda_modules(blob, binaries)))
+            f.write(blob_as_c(with_binary_cuda_modules(blob, arches, sources)))
         return path_c
 
     export_library(library, path, fpack_imports=pack_imports)
@@ -205,36 +250,43 @@ def export_cuda_library(library, path: str, arches: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------- inspection
 def library_cuda_images(path: str) -> list[tuple[str, bytes]]:
-    """(format, code) of each CUDA module inside an exported ``.so`` (read from its bytes; no TVM needed)."""
-    data = open(path, "rb").read()
-    out = []
-    for start in _find_blob_starts(data):
-        try:
-            _, mods = split_library_blob(data[start:start + 8 + struct.unpack_from("<Q", data, start)[0]])
-        except (InteropError, struct.error, UnicodeDecodeError):
+    """(format, code) of each CUDA module inside an exported ``.so``, read from its bytes (no TVM, no CUDA tool):
+    the packed-imports blob is the ``__tvm_ffi__library_bin`` symbol's data."""
+    with open(path, "rb") as f:
+        data = f.read()
+    blob = elf_symbol_data(data, LIBRARY_BLOB_SYMBOL)
+    if blob is None:
+        raise InteropError(f"{path} is not a library exported by TVM (no {LIBRARY_BLOB_SYMBOL} symbol)")
+    _, mods = split_library_blob(blob)
+    return [cuda_payload_parts(payload)[::2] for kind, payload in mods if kind == "cuda"]
+
+
+LIBRARY_BLOB_SYMBOL = b"__tvm_ffi__library_bin"
+_SECTION = struct.Struct("<IIQQQQIIQQ")   # Elf64_Shdr: name type flags addr offset size link info addralign entsize
+_SYMBOL = struct.Struct("<IBBHQQ")       # Elf64_Sym: name info other shndx value size
+_SYMBOL_TABLES = (2, 11)                 # SHT_SYMTAB, SHT_DYNSYM
+
+
+def elf_symbol_data(data: bytes, name: bytes) -> bytes | None:
+    """The bytes of a defined data symbol of a 64-bit little-endian ELF file, or None (a few lines of ELF instead
+    of a dependency: the deployment machine may lack binutils and pyelftools)."""
+    if data[:6] != b"\x7fELF\x02\x01":
+        return None
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [_SECTION.unpack_from(data, shoff + k * shentsize) for k in range(shnum)]
+    for sec in sections:
+        if sec[1] not in _SYMBOL_TABLES:
             continue
-        for kind, payload in mods:
-            if kind == "cuda":
-                fmt, _, code = cuda_payload_parts(payload)
-                out.append((fmt, code))
-        if out:
-            return out
-    return out
-
-
-def _find_blob_starts(data: bytes):
-    """Offsets where a packed-imports blob may start (its first module kind is a known executable kind)."""
-    for marker in (b"relax.VMExecutable",):
-        i = data.find(marker)
-        while i != -1:
-            # header: size, row_ptr vector, child vector, then the kind string's length
-            for back in range(16, 8 * 64, 8):
-                s = i - 8 - back
-                if s >= 0 and struct.unpack_from("<Q", data, i - 8)[0] == len(marker):
-                    size = struct.unpack_from("<Q", data, s)[0]
-                    if 0 < size <= len(data) - s - 8:
-                        yield s
-            i = data.find(marker, i + 1)
+        strtab = sections[sec[6]][4]
+        for off in range(sec[4], sec[4] + sec[5], _SYMBOL.size):
+            st_name, _info, _other, shndx, value, size = _SYMBOL.unpack_from(data, off)
+            at = strtab + st_name
+            if data[at:at + len(name) + 1] == name + b"\0" and 0 < shndx < len(sections):
+                host = sections[shndx]
+                start = host[4] + value - host[3]
+                return data[start:start + size]
+    return None
 
 
 def fatbin_entries(image: bytes) -> list[tuple[str, str]]:
@@ -256,3 +308,41 @@ def fatbin_entries(image: bytes) -> list[tuple[str, str]]:
 def fatbin_arches(image: bytes) -> list[str]:
     """The SASS arches of a fatbin, e.g. ``["sm_80", "sm_90"]``."""
     return sorted({a for k, a in fatbin_entries(image) if k == "sass"}, key=lambda a: int(a[3:]))
+
+
+def fatbin_cubins(image: bytes) -> list[tuple[str, bytes]]:
+    """(arch from the entry header, payload) of each SASS entry: an ELF cubin unless the entry is compressed."""
+    out, pos = [], struct.unpack_from("<H", image, 6)[0]
+    for kind, arch in fatbin_entries(image):
+        hsize, psize = struct.unpack_from("<IQ", image, pos + 4)
+        if kind == "sass":
+            out.append((arch, image[pos + hsize:pos + hsize + psize]))
+        pos += hsize + psize
+    return out
+
+
+def cubin_arch(cubin: bytes) -> str | None:
+    """The SM arch a cubin's own ELF header names (``e_flags``; ABI version 8+, CUDA 12.8+, moved it to bits
+    8-15), or None for data that is not an uncompressed CUDA ELF: a check of the fatbin headers that needs no
+    cuobjdump."""
+    if cubin[:4] != b"\x7fELF" or struct.unpack_from("<H", cubin, 18)[0] != EM_CUDA:
+        return None
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    return f"sm_{(flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF}"
+
+
+EM_CUDA = 190
+
+
+def inspect_cuda_library(path: str) -> dict:
+    """What the CUDA modules of an exported library hold: ``formats`` (one per module), ``arches`` (the SASS
+    arches every module has), ``ptx`` (PTX entries, which the driver would JIT-compile), and ``source_left``
+    (a module still holds CUDA source: it would need TVM's compiler and nvcc at load). For the build's and the
+    GPU check's assertions."""
+    images = library_cuda_images(path)
+    binaries = [code for fmt, code in images if fmt != CUDA_SOURCE_FORMAT]
+    per_module = [set(fatbin_arches(code)) for code in binaries]
+    arches = sorted(set.intersection(*per_module), key=lambda a: int(a[3:])) if per_module else []
+    return {"modules": len(images), "formats": [fmt for fmt, _ in images], "arches": arches,
+            "ptx": sorted({a for code in binaries for k, a in fatbin_entries(code) if k == "ptx"}),
+            "source_left": any(fmt == CUDA_SOURCE_FORMAT for fmt, _ in images)}

@@ -29,7 +29,8 @@ CUDA_DEFAULTS = {"max_shared_memory_per_block": 49152, "max_threads_per_block": 
 
 
 def default_arch() -> str:
-    return os.environ.get("TVM_INTEROP_CUDA_ARCH", DEFAULT_ARCH)
+    """``TVM_INTEROP_CUDA_ARCH`` (one arch or several, ``sm_80,sm_90``) when set and not empty, else sm_90."""
+    return os.environ.get("TVM_INTEROP_CUDA_ARCH") or DEFAULT_ARCH
 
 
 def codegen_arch(arch) -> str:
@@ -40,15 +41,32 @@ def codegen_arch(arch) -> str:
 
 
 def requested_arches(target, arch=None) -> list[str]:
-    """The arches to compile kernels for: ``arch`` (``"sm_80,sm_90"`` or a list), else those written in a target
-    string (``cuda -arch=sm_80,sm_90``), else the target's arch."""
+    """The arches to compile kernels for: ``arch`` (``"sm_80,sm_90"`` or a list), else those written in the
+    target (``cuda -arch=sm_80,sm_90``, a dict, JSON or a Target), else all of :func:`default_arch` (so that
+    ``TVM_INTEROP_CUDA_ARCH=sm_80,sm_90`` keeps both: the normalised target holds only the oldest); ``[]`` for a
+    target that is not CUDA."""
     if arch:
         return parse_arches(arch)
-    if isinstance(target, str) and "-arch=" in target:
-        return parse_arches(target.split("-arch=", 1)[1].split()[0])
-    if isinstance(target, dict) and target.get("arch"):
-        return parse_arches(target["arch"])
-    return parse_arches(normalize_target(target).attrs["arch"])
+    written = _written_arch(target)
+    if written:
+        return parse_arches(written)
+    return parse_arches(default_arch()) if normalize_target(target).kind.name == "cuda" else []
+
+
+def _written_arch(target) -> str | None:
+    """The arch spelled in ``target`` itself, or None when it leaves the choice to the default."""
+    if isinstance(target, str):
+        text = target.strip()
+        if text.startswith("{"):
+            import json
+
+            return json.loads(text).get("arch") or None
+        return text.split("-arch=", 1)[1].split()[0] if "-arch=" in text else None
+    if isinstance(target, dict):
+        return target.get("arch") or None
+    if isinstance(target, tvm.target.Target):
+        return target.attrs.get("arch") or None
+    return None
 
 
 def normalize_target(target) -> tvm.target.Target:
@@ -58,7 +76,7 @@ def normalize_target(target) -> tvm.target.Target:
         if target.kind.name == "cuda" and any(k not in target.attrs or not target.attrs.get(k) for k in
                                               ("arch", *CUDA_DEFAULTS)):
             d = {**CUDA_DEFAULTS, **{k: v for k, v in dict(target.export()).items() if v not in (None, "")}}
-            d.setdefault("arch", default_arch())
+            d.setdefault("arch", codegen_arch(default_arch()))
             return tvm.target.Target(_clean(d))
         return target
     if isinstance(target, dict):

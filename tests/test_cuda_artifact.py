@@ -10,9 +10,10 @@ import sys
 import pytest
 
 import tvm_interop
-from passes.target import parse_arches
-from passes.cuda_compile import (fatbin_arches, fatbin_entries, library_cuda_images,
-                                 split_library_blob, join_library_blob)
+from passes import cuda_compile
+from passes.target import normalize_target, parse_arches, requested_arches
+from passes.cuda_compile import (cubin_arch, fatbin_arches, fatbin_cubins, fatbin_entries, inspect_cuda_library,
+                                 library_cuda_images, nvcc_flags, split_library_blob, join_library_blob)
 from runtime.cuda import arch_mismatch, check_arch
 from runtime.errors import DeviceError, InteropError
 
@@ -28,6 +29,33 @@ def test_arch_names():
         parse_arches("compute_90")
     with pytest.raises(InteropError, match="invalid CUDA arch"):
         parse_arches("sm_90,")
+
+
+def test_arch_choice_and_env_override(monkeypatch):
+    monkeypatch.delenv("TVM_INTEROP_CUDA_ARCH", raising=False)
+    assert requested_arches("cuda") == ["sm_90"]
+    assert requested_arches("cuda -arch=sm_80,sm_90") == ["sm_80", "sm_90"]
+    assert requested_arches("cuda", "sm_86") == ["sm_86"]
+    assert requested_arches('{"kind": "cuda", "arch": "sm_75"}') == ["sm_75"]
+    monkeypatch.setenv("TVM_INTEROP_CUDA_ARCH", "sm_90,sm_80")
+    assert requested_arches("cuda") == ["sm_80", "sm_90"]          # every arch of the override, not just one
+    assert requested_arches({"kind": "cuda"}) == ["sm_80", "sm_90"]
+    assert normalize_target("cuda").attrs["arch"] == "sm_80"       # code generated for the oldest
+    assert requested_arches("cuda -arch=sm_86") == ["sm_86"]       # an explicit arch beats the override
+
+
+def test_nvcc_flags_are_tvms_with_one_cubin_per_arch(monkeypatch):
+    for var in ("TVM_CUDA_NVCC_NO_FAST_MATH", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS"):
+        monkeypatch.delenv(var, raising=False)
+    flags = nvcc_flags(["sm_80", "sm_90"])
+    assert flags[0] == "--fatbin" and "-O3" in flags and "--use_fast_math" in flags
+    gencode = [flags[i + 1] for i, f in enumerate(flags) if f == "-gencode"]
+    assert gencode == ["arch=compute_80,code=sm_80", "arch=compute_90,code=sm_90"]   # SASS only, no PTX
+    assert "--ptxas-options=--register-usage-level=10,--warn-on-local-memory-usage" in flags
+    monkeypatch.setenv("TVM_CUDA_NVCC_NO_FAST_MATH", "1")
+    monkeypatch.setenv("TVM_CUDA_PTXAS_EXTRA_OPTS", "-O2")
+    flags = nvcc_flags(["sm_90"])
+    assert "--use_fast_math" not in flags and flags[-3].endswith(",-O2")
 
 
 def test_arch_compatibility_rule():
@@ -49,13 +77,22 @@ def test_arch_compatibility_rule():
 
 @pytest.fixture(scope="module")
 def exported(branchy_model, tmp_path_factory):
+    """The model built with the default arch and with sm_80,sm_90, exported; plus TVM's own export of the first
+    (which keeps the CUDA source) as the negative control of the inspection."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("CUDA builds need nvcc (the CUDA toolkit)")
     out = {}
     d = tmp_path_factory.mktemp("cuda_artifact")
     for label, arch in (("default", None), ("two", "sm_80,sm_90")):
         cm = tvm_interop.compile(branchy_model, target="cuda", scheduler="greedy", cuda_arch=arch)
         path = str(d / f"{label}.so")
+        compiled = len(cuda_compile._compiled)
         cm.export(path)
+        out[f"{label}_export_compiles"] = len(cuda_compile._compiled) - compiled
         out[label] = (path, cm.plan.meta)
+        if label == "default":
+            out["tvm_export"] = str(d / "tvm_export.so")
+            cm.runner.library.export_library(out["tvm_export"])
         cm.close()
     return out
 
@@ -65,14 +102,26 @@ def test_library_holds_a_binary_per_arch_and_no_source(exported):
     for label, want in (("default", ["sm_90"]), ("two", ["sm_80", "sm_90"])):
         path, meta = exported[label]
         assert meta["cuda_arches"] == want
-        images = library_cuda_images(path)
-        assert images, label
-        for fmt, code in images:
-            assert fmt == "fatbin"
-            assert fatbin_arches(code) == want
+        info = inspect_cuda_library(path)
+        assert info == {"modules": 1, "formats": ["fatbin"], "arches": want, "ptx": [], "source_left": False}, label
+        for fmt, code in library_cuda_images(path):
             assert {k for k, _ in fatbin_entries(code)} == {"sass"}   # no PTX: nothing is compiled at load
+            # each entry is a CUDA ELF whose own header names the arch (the check cuobjdump --list-elf makes)
+            assert [(a, cubin_arch(c)) for a, c in fatbin_cubins(code)] == [(a, a) for a in want]
         data = open(path, "rb").read()
         assert b"__global__" not in data and b"extern \"C\"" not in data  # no CUDA source anywhere
+
+
+@needs_nvcc
+def test_export_reuses_the_build_binaries(exported):
+    """nvcc runs when the model is compiled (errors show there); the export ships those binaries."""
+    assert exported["default_export_compiles"] == 0 and exported["two_export_compiles"] == 0
+
+
+@needs_nvcc
+def test_inspection_sees_source_in_tvms_own_export(exported):
+    info = inspect_cuda_library(exported["tvm_export"])
+    assert info["source_left"] and info["formats"] == ["cuda"] and info["arches"] == []
 
 
 @needs_nvcc
@@ -82,15 +131,26 @@ def test_multi_arch_code_is_generated_for_the_oldest(exported):
 
 @needs_nvcc
 def test_runtime_only_load_without_a_gpu_is_a_clear_error(exported):
-    """TVM's runtime alone (no compiler library), no nvcc on PATH: the loader must not try to compile."""
+    """TVM's runtime alone (no compiler library), no nvcc on PATH, TVM's load-time compile callback replaced by
+    one that reports a call: the loader must not try to compile. Without a GPU: the clear "no CUDA device"; on a
+    GPU (this test also runs there) the model loads and runs, or is refused for its arch."""
     path, _ = exported["default"]
-    code = ("import runtime, tvm\n"
-            "try:\n    runtime.load(%r)\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
-            "print('libs', sorted(tvm.base._LOADED_LIBS))\n" % path)
-    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PATH="/usr/bin:/bin", PYTHONPATH=REPO)
+    code = ("import sys, numpy as np, runtime, tvm, tvm_ffi\n"
+            "@tvm_ffi.register_global_func('tvm_callback_cuda_compile', override=True)\n"
+            "def _compile(*a):\n    print('COMPILE CALLED'); raise RuntimeError('no compile at load')\n"
+            "try:\n    m = runtime.load(%r)\n    m.run(*[np.zeros(i['shape'], i['dtype']) for i in m.inputs])\n    print('RAN')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n"
+            "print('libs', sorted(tvm.base._LOADED_LIBS))\n"
+            "print('modules', sorted(n for n in sys.modules if n.split('.')[0] in ('passes', 'tvm_interop')))\n"
+            % path)
+    nvcc_free_path = os.pathsep.join(p for p in ("/usr/bin", "/bin") if not os.path.exists(os.path.join(p, "nvcc")))
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PATH=nvcc_free_path, PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert "DeviceError no CUDA device" in out.stdout, out.stdout + out.stderr
-    assert "tvm_compiler" not in out.stdout
+    text = out.stdout + out.stderr
+    assert "COMPILE CALLED" not in text, text
+    assert ("DeviceError no CUDA device" in out.stdout or "RAN" in out.stdout
+            or "rebuild with --arch" in out.stdout), text
+    assert "tvm_compiler" not in out.stdout and "modules []" in out.stdout, text
 
 
 def test_blob_round_trip():
