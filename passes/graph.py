@@ -93,6 +93,10 @@ class OpGraph:
     to the given order), so ``units[i]`` may only depend on ``units[j]`` with ``j < i``.
     """
 
+    # what one unit stands for: "kernel", or "chain" for a search graph of contracted chains (passes.contract);
+    # searches whose cost grows with the endings per state size their budgets by it
+    schedule_units: str = "kernel"
+
     def __init__(self, units: Sequence[Unit], edges: Iterable[tuple[str, str]], name: str = "graph"):
         self.name = name
         by_name: dict[str, Unit] = {}

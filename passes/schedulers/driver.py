@@ -7,6 +7,7 @@ against the graph, so a schedule that leaves here is complete and safe to lower.
 """
 from __future__ import annotations
 
+from ..contract import DEFAULT_GRANULARITY
 from ..cost import CostModel, get_cost_model
 from ..graph import OpGraph
 from ..schedule import Schedule
@@ -20,18 +21,27 @@ def schedule_graph(
     cost: "CostModel | str | None" = None,
     max_block_size: int | None = None,
     model_name: str = "",
+    unit_granularity: str = DEFAULT_GRANULARITY,
     batch: int | None = None,
     **options,
 ) -> Schedule:
     """Schedule a whole model with the scheduler named ``scheduler`` and its ``options``.
 
     ``cost`` is a cost model or a spec (``"sim:h100"``; default the unit cost model); ``max_block_size`` cuts
-    blocks larger than that (per-block schedulers only). An option the scheduler does not declare is an
+    blocks larger than that (per-block schedulers only);
+    ``unit_granularity`` is what the search schedules (``"chain"``: single-consumer chains of kernels as one unit,
+    the default; ``"kernel"``: every kernel), and ``max_frontier`` / ``max_block_states`` shape the blocks of an
+    exact search (see :meth:`passes.schedulers.base.Scheduler.schedule`); the blocks are recorded in
+    ``Schedule.search["blocks"]``. An option the scheduler does not declare is an
     ``InteropError`` (``SchedulerOptionError``) listing the options it has.
     """
     sched = get_scheduler(scheduler)
     cost_model = get_cost_model(cost)
-    result = sched.schedule(graph, cost_model, max_block_size=max_block_size, **options)
+    result = sched.schedule(graph, cost_model, max_block_size=max_block_size, unit_granularity=unit_granularity,
+                            **options)
+    search = result.stats.to_json()
+    search["blocks"] = result.blocks
+    search["schedule_units"] = sum(b["units"] for b in result.blocks)
     schedule = Schedule(
         stages=result.stages,
         graph_fingerprint=graph.fingerprint(),
@@ -39,8 +49,9 @@ def schedule_graph(
         scheduler=scheduler,
         device=cost_model.device_fingerprint,
         batch=batch,
-        options={k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
-        search=result.stats.to_json(),
+        options={"unit_granularity": sched.granularity(unit_granularity),
+                 **{k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))}},
+        search=search,
         unit_devices=dict(result.unit_devices or {}),
         units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in graph.units],
     )

@@ -33,6 +33,7 @@ DEFAULT_MAX_UNITS = 10
 
 class ExhaustiveScheduler(Scheduler):
     name = "exhaustive"
+    exact_blocks = True
     options = (limit("max_units", DEFAULT_MAX_UNITS, "refuse blocks with more units", unbounded=False),
                flag("merge", True, "also try merge stages"))
 

@@ -12,10 +12,17 @@ Options:
 * ``r`` (default 3): at most this many units per group; ``s`` (default 8): at most this many groups per
   stage. ``None`` = unbounded. These are IOS's pruning parameters.
 * ``merge`` (default True): also try merge stages. ``max_merge``: at most this many operators per merge.
-* ``max_states`` (default 800): the DP's states are the down-sets of the block. A block with more is cut
+* ``max_states`` (default ``"auto"``: 32768 over schedule units, 800 over single kernels): the DP's states are
+  the down-sets of the block. A block with more is cut
   into parts (horizontal slabs in ASAP-level order, see :func:`~passes.schedulers.bitdag.split_parts`), each
   searched exactly, run one after another — the same remedy as the reference implementation's
   ``max_part_size``, but sized by the real number of states instead of a unit count. ``None`` never cuts.
+  The scheduler base hands the DP IOS's blocks (barriers at small frontiers, at most 4096 down-sets each where
+  the graph allows, :func:`passes.partition.frontier_blocks`) over schedule units (chains of kernels,
+  :mod:`passes.contract`), so on the zoo no block reaches this budget: RandWire's stages, which have no small
+  frontier inside, are the largest (21k states, 24 s for the whole model on the 2-core build machine). Over single
+  kernels a state has many more endings: synthetic RandWire at 800 / 4096 / 32768 states per part took
+  1.0 / 6.8 / 102 s (predicted 0.469 / 0.446 / 0.440 ms), hence the smaller budget there.
 * ``group_enum_limit`` (default: all partitions when ``r`` and ``s`` are both unbounded, else 3): endings
   with at most this many connected components try every partition into groups; larger ones a family of
   packings (one group per component; longest-first packings into 1..s groups). On nasnet_a_large
@@ -49,8 +56,13 @@ from .options import Option, check_limit, flag, limit
 from .result import SchedulerResult, SearchStats
 from .stage_coster import StageCoster
 
-DEFAULT_MAX_STATES = 800
+DEFAULT_MAX_STATES = 32768       # per part, over schedule units (chains of kernels)
+KERNEL_MAX_STATES = 800          # per part, over single kernels (unit_granularity="kernel")
 DEFAULT_GROUP_ENUM_LIMIT = 3
+
+
+def _max_states(name: str, value):
+    return value if value == "auto" else check_limit(name, value)
 
 
 def _group_enum_limit(name: str, value):
@@ -59,11 +71,14 @@ def _group_enum_limit(name: str, value):
 
 class IosScheduler(Scheduler):
     name = "ios"
+    exact_blocks = True
     options = (
         limit("r", 3, "at most this many units per group (None: unbounded)"),
         limit("s", 8, "at most this many groups per stage (None: unbounded)"),
         flag("merge", True, "also try merge stages"),
-        limit("max_states", DEFAULT_MAX_STATES, "DP states per part before a block is cut (None: never cut)"),
+        Option("max_states", "auto", "DP states per part before a block is cut (None: never cut; 'auto': "
+               f"{DEFAULT_MAX_STATES} over chains of kernels, {KERNEL_MAX_STATES} over single kernels)",
+               _max_states),
         Option("group_enum_limit", "auto", "endings with at most this many components try every partition "
                f"('auto': all when r and s are unbounded, else {DEFAULT_GROUP_ENUM_LIMIT})", _group_enum_limit),
         limit("max_merge", None, "at most this many operators per merge (None: unbounded)"),
@@ -74,6 +89,9 @@ class IosScheduler(Scheduler):
     def place(self, graph: OpGraph, cost: CostModel, *, r: int | None, s: int | None, merge: bool,
               max_states: int | None, group_enum_limit: int | None | str, max_merge: int | None, guard: bool,
               bound: bool) -> SchedulerResult:
+        if max_states == "auto":
+            max_states = DEFAULT_MAX_STATES if getattr(graph, "schedule_units", "kernel") == "chain" \
+                else KERNEL_MAX_STATES
         if group_enum_limit == "auto":
             group_enum_limit = None if (r is None and s is None) else DEFAULT_GROUP_ENUM_LIMIT
         stats = SearchStats()

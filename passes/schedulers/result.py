@@ -46,3 +46,4 @@ class SchedulerResult:
     stages: list[Stage]
     stats: SearchStats = field(default_factory=SearchStats)
     unit_devices: dict[str, int] | None = None
+    blocks: list[dict] = field(default_factory=list)  # per block: schedule units, kernels, states, frontier

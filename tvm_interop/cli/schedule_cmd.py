@@ -36,7 +36,16 @@ def register(sub) -> None:
     p.add_argument("--s", type=_limit, default=None, metavar="S",
                    help="ios/hios: max groups per stage (default 8; 'none' = unbounded)")
     p.add_argument("--max-states", type=_limit, default=None, metavar="N",
-                   help="ios: DP states per part before a block is cut (default 800; 'none' = never cut)")
+                   help="ios: DP states per part before a block is cut (default 32768 over chains, 800 over kernels; 'none' = never cut)")
+    p.add_argument("--granularity", default=None, choices=("auto", "chain", "kernel"),
+                   help="schedule units: 'chain' contracts single-consumer chains of kernels (a separable conv is "
+                        "one unit), 'kernel' schedules every kernel; default 'auto' = chain for ios/exhaustive, "
+                        "kernel for the others")
+    p.add_argument("--max-frontier", type=int, default=None, metavar="K",
+                   help="ios/exhaustive: block barriers where at most K tensors are live (default 2)")
+    p.add_argument("--max-block-states", type=_limit, default=None, metavar="N",
+                   help="ios/exhaustive: cut blocks at small frontiers to keep them within N DP states "
+                        "(default 4096; 'none' = cut points only)")
     p.add_argument("--no-merge", action="store_true", help="ios: no merge stages")
     p.add_argument("--streams", type=int, default=None, metavar="X", help="lios / greedy: streams (default 8)")
     p.add_argument("--devices", type=int, default=None, metavar="M", help="hios: devices (default 2)")
@@ -104,6 +113,12 @@ def scheduler_options(args) -> dict:
             opts["max_streams"] = args.streams
     if args.max_block_size is not None:
         opts["max_block_size"] = args.max_block_size
+    if getattr(args, "granularity", None) is not None:
+        opts["unit_granularity"] = args.granularity
+    if getattr(args, "max_frontier", None) is not None:
+        opts["max_frontier"] = args.max_frontier
+    if getattr(args, "max_block_states", None) is not None:
+        opts["max_block_states"] = _value(args.max_block_states, None)
     return opts
 
 
@@ -170,6 +185,9 @@ def run(args) -> int:
         "max_concurrency": sched.max_concurrency(),
         "merge_stages": sum(1 for s in sched.stages if s.strategy == "merge"),
         "devices_used": len(set(sched.unit_devices.values())) if sched.unit_devices else 1,
+        "unit_granularity": sched.options.get("unit_granularity"),
+        "schedule_units": search.get("schedule_units"),
+        "blocks": search.get("blocks", []),
         "search": {k: search.get(k) for k in ("states", "transitions", "stages_costed", "seconds", "measurements",
                                               "cache_hits", "active_rounds", "learned_cv_error") if k in search},
         "load_seconds": load_s,
@@ -184,6 +202,12 @@ def run(args) -> int:
     print(f"predicted {pred * 1e3:.3f} ms, sequential {seq * 1e3:.3f} ms, speedup {summary['speedup']:.3f}x; "
           f"{sched.num_stages} stages, up to {sched.max_concurrency()} concurrent groups, "
           f"{summary['merge_stages']} merge stages")
+    blocks = summary["blocks"]
+    if blocks:
+        sizes = [b["units"] for b in blocks]
+        states = [b["states"] for b in blocks if b["states"] is not None]
+        print(f"{summary['schedule_units']} schedule units ({summary['unit_granularity']}) in {len(blocks)} blocks "
+              f"(largest {max(sizes)} units" + (f", {max(states)} DP states" if states else "") + ")")
     st = summary["search"]
     print(f"search: {st['states']} states, {st['transitions']} transitions, {st['stages_costed']} stage costs, "
           f"{wall:.2f} s" + (f"; {st['measurements']} stages timed, {st['cache_hits']} from the cache"
