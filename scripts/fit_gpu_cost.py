@@ -1,0 +1,645 @@
+"""Fit and validate the whole-program GPU cost model (``passes.cost.program``) on the shared H100 measurements.
+
+    .venv/bin/python scripts/fit_gpu_cost.py                       # everything: fit, hold-outs, docs (a few minutes)
+    .venv/bin/python scripts/fit_gpu_cost.py --quick --no-write    # fewer iterations, print only
+    .venv/bin/python scripts/fit_gpu_cost.py --data DIR --cache /tmp/gpu_cost_ds.pkl
+
+Ground truth: the gpu_check runs in ``--data`` (default ``../shared/gpu-data/h100-2026-11-22``): every variant
+(model x scheduler x stage/dependency mode x direct/CUDA graph) has a measured end-to-end median latency. Each
+variant's schedule is reproduced here exactly as ``scripts/gpu_check.py build`` made it (width 1.0, default image
+size, ``prepare_program(mod, cuda sm_90)``, ``schedule_graph(graph, scheduler, cost, model_name=...,
+max_streams=8 for greedy)``, the run's cost: ``sim:h100`` or the run's cost table) and checked against the
+recorded number of stages, max concurrency and streams; the issued op list is ``plan_streams`` (with keep-alive
+calls, except in the as-landed run, whose build had lost them).
+
+Unit inputs: a model with H100 cost tables (inception_v3, randwire, squeezenet) uses its measured isolated unit
+latencies (mean over its tables; graph fingerprint checked). The other models have no unit table: their unit
+latencies are ``sim:h100``'s, times one factor per model -- a nuisance parameter fitted with the rest when the
+model is training data, and calibrated on its ``sequential + CUDA graph`` measurement alone when it is held out
+(that variant is then marked *calibration*, not a test).
+
+Validation: leave-one-model-out. For each model, the global parameters are fitted on every other model's
+variants and the held-out model's variants are predicted. Baselines: the sum of the schedule's isolated stage
+costs from the cost tables (``table``; missing stages by the table's ``units`` fallback) and ``sim:h100``'s
+schedule cost. The shipped parameters are fitted on all batch-1 variants. Batch 8 (no unit tables) is a
+transfer check with the shipped parameters, each model calibrated on its ``sequential + CUDA graph`` variant.
+Writes ``docs/gpu_cost_model.md`` and ``docs/gpu_cost_model.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from passes.cost.program import (
+    PARAM_DOCS,
+    ProgramCostParams,
+    from_stream_program,
+    simulate,
+    unit_class,
+    work_items,
+)
+from passes.cost.program_fit import (
+    DEFAULT_FIT,
+    DEFAULT_PRIORS,
+    FIXED_AT,
+    PRIOR_TAU,
+    Sample,
+    calibrate_scale,
+    fit,
+    program_key,
+)
+
+DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "gpu-data", "h100-2026-11-22")
+TABLES = {"inception_v3": ["costs_inception_v3_r2s3b8.json", "costs_inception_v3_r3s4b16.json.xz"],
+          "randwire": ["costs_randwire_r2s3b8.json"],
+          "squeezenet": ["costs_squeezenet_r2s3b8.json"]}
+SIM_MODELS = ["googlenet", "resnet50", "nasnet_a_mobile", "nasnet_a_large"]
+SCHEDULERS = ["sequential", "greedy", "lios", "ios"]
+MAX_STREAMS = 8
+TARGET = {"kind": "cuda", "arch": "sm_90"}
+LM_TOL = 1e-5  # a Levenberg-Marquardt fit stops when an iteration lowers the loss by less than this fraction
+CALIBRATION = ("sequential", "stage", True)  # (scheduler, mode, cuda_graph) of a sim model's calibration variant
+
+
+@dataclass
+class RunSpec:
+    key: str
+    file: str
+    cost: str | None = None        # None: the run's build cost (sim:h100); else "table:<file in data dir>"
+    keep_alive: bool = True
+    batch: int = 1
+    note: str = ""
+
+
+RUNS = [
+    RunSpec("fixed", "gpu_check_keepalive_fixed.json", note="keep-alive fix; all outputs exact"),
+    RunSpec("tab-i8", "gpu_check_inception_table_r2s3b8.json", "table:costs_inception_v3_r2s3b8.json",
+            note="inception_v3 scheduled with the r2s3b8 cost table"),
+    RunSpec("tab-i16", "gpu_check_inception_ios_table_r3s4b16.json", "table:costs_inception_v3_r3s4b16.json.xz",
+            note="inception_v3 scheduled with the r3s4b16 cost table"),
+    RunSpec("tab-rw", "gpu_check_randwire_table_r2s3b8.json", "table:costs_randwire_r2s3b8.json",
+            note="randwire scheduled with its cost table"),
+    RunSpec("landed", "gpu_check_as_landed.json", keep_alive=False,
+            note="as landed: the build had deleted the keep-alive calls (concurrent outputs racy; timing kept)"),
+    RunSpec("b8", "gpu_check_batch8_keepalive_fixed.json", batch=8, note="batch 8, stage mode (transfer check)"),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- data
+class Data:
+    """The reproduced variants of every run: records (JSON-friendly) and samples (for the fit)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+        self.samples: list[Sample] = []
+        self.units: dict[str, dict[str, tuple]] = {}   # unit group -> {unit: (latency, work, class)}
+        self.group_source: dict[str, str] = {}         # unit group -> "table" | "sim"
+        self.checks: list[dict] = []
+
+
+def _read_json(path: str):
+    if path.endswith(".xz"):
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _plain_table(data_dir: str, name: str, tmp: str) -> str:
+    """A path ``passes.cost.table`` can open (the .xz tables are decompressed into ``tmp``)."""
+    src = os.path.join(data_dir, name)
+    if not name.endswith(".xz"):
+        return src
+    dst = os.path.join(tmp, name[:-3])
+    if not os.path.exists(dst):
+        with lzma.open(src, "rb") as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g)
+    return dst
+
+
+def _merged_table(model: str, data_dir: str, graph, tmp: str) -> str:
+    """One cost table holding the mean of every table of ``model`` (units and stages), fingerprint checked."""
+    units: dict[str, list[float]] = {}
+    stages: dict[str, dict] = {}
+    head = None
+    for name in TABLES[model]:
+        t = _read_json(os.path.join(data_dir, name))
+        fp = t.get("graph_fingerprint")
+        if fp != graph.fingerprint():
+            raise SystemExit(f"{name}: graph fingerprint {fp} but the prepared {model} is {graph.fingerprint()}")
+        head = head or t
+        for k, v in t["units"].items():
+            units.setdefault(k, []).append(float(v))
+        for st in t["stages"]:
+            e = stages.setdefault(st["key"], {"key": st["key"], "groups": st["groups"], "lat": []})
+            e["lat"].append(float(st["latency"]))
+    merged = dict(head)
+    merged["units"] = {k: float(np.mean(v)) for k, v in units.items()}
+    merged["stages"] = [{"key": e["key"], "groups": e["groups"], "latency": float(np.mean(e["lat"]))}
+                        for e in stages.values()]
+    path = os.path.join(tmp, f"merged_{model}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(merged, f)
+    return path
+
+
+def _variant_label(sched: str, mode: str, cg: bool) -> str:
+    return (sched if mode == "stage" else f"{sched} ({mode})") + (" + CUDA graph" if cg else "")
+
+
+def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> Data:
+    import tvm_interop
+    from passes.cost import get_cost_model
+    from passes.cost.program import sum_stage_costs
+    from passes.lower_streams import plan_streams, resolve_stream_count
+    from passes.schedulers import schedule_graph
+    from tvm_interop.models import get_model
+
+    data = Data()
+    programs: dict[tuple, object] = {}
+    sim = get_cost_model("sim:h100")
+    tables: dict[str, object] = {}
+    tmp = tempfile.mkdtemp(prefix="fit_gpu_cost_")
+    try:
+        for run in runs:
+            path = os.path.join(data_dir, run.file)
+            if not os.path.exists(path):
+                log(f"{run.file}: not found, skipped")
+                continue
+            res = _read_json(path)
+            build = res.get("build", {})
+            if build.get("width", 1.0) != 1.0 or (build.get("batch") or 1) != run.batch:
+                raise SystemExit(f"{run.file}: built with width {build.get('width')} batch {build.get('batch')}, "
+                                 f"expected width 1.0 batch {run.batch}")
+            cost = run.cost or build.get("cost", "sim:h100")
+            if cost.startswith("table:"):
+                cost = "table:" + _plain_table(data_dir, cost[len("table:"):], tmp)
+            for m in res["models"]:
+                name = m["name"]
+                if models and name not in models:
+                    continue
+                if name not in TABLES and name not in SIM_MODELS:
+                    continue
+                pk = (name, run.batch)
+                if pk not in programs:
+                    t0 = time.perf_counter()
+                    mod = get_model(name, batch_size=run.batch)
+                    programs[pk] = tvm_interop.api.prepare_program(mod, TARGET, name=name)
+                    log(f"  prepared {name} batch {run.batch}: {len(programs[pk].graph)} units "
+                        f"({time.perf_counter() - t0:.1f} s)")
+                program = programs[pk]
+                graph = program.graph
+                if len(graph) != m["units"]:
+                    raise SystemExit(f"{run.file}: {name} has {m['units']} units, reproduced {len(graph)}")
+                group = name if run.batch == 1 else f"{name}@b{run.batch}"
+                if group not in data.units:
+                    if name in TABLES and run.batch == 1:
+                        tpath = _merged_table(name, data_dir, graph, tmp)
+                        tables[name] = get_cost_model("table:" + tpath)
+                        lat = tables[name].units
+                        data.group_source[group] = "table"
+                    else:
+                        lat = {u.name: sim.unit_latency(u) for u in graph.units}
+                        data.group_source[group] = "sim"
+                    kernel_time = data.group_source[group] == "sim"   # sim costs x factor = in-program kernel time
+                    data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time)
+                                         for u in graph.units}
+                recorded = {v["name"]: v for v in m["variants"]}
+                for sname in SCHEDULERS:
+                    if sname not in recorded:
+                        continue
+                    opts = {"max_streams": MAX_STREAMS} if sname == "greedy" else {}
+                    sched = schedule_graph(graph, sname, cost, model_name=name, **opts)
+                    n = resolve_stream_count(MAX_STREAMS, sched.max_concurrency())
+                    base = {"sim:h100": sum_stage_costs(sched, graph, sim)}
+                    if name in tables and run.batch == 1:
+                        base["table"] = sum_stage_costs(sched, graph, tables[name])
+                    for mode in ("stage", "dependency"):
+                        for cg in (False, True):
+                            label = _variant_label(sname, mode, cg)
+                            rec = recorded.get(label)
+                            if rec is None or not rec.get("median_ms"):
+                                continue
+                            got = (sched.num_stages, sched.max_concurrency(), n)
+                            want = (rec.get("stages"), rec.get("max_concurrency"), rec.get("num_streams"))
+                            ok = got == tuple(want)
+                            data.checks.append({"run": run.key, "model": name, "variant": label, "reproduced": got,
+                                                "recorded": want, "ok": ok})
+                            if not ok:
+                                raise SystemExit(f"{run.file}: {name} {label}: reproduced (stages, max concurrency,"
+                                                 f" streams) {got} but the run recorded {want}")
+                            if rec.get("cuda_graph") is not cg:
+                                log(f"  {run.key} {name} {label}: recorded cuda_graph={rec.get('cuda_graph')}, skipped")
+                                continue
+                            sp = plan_streams(program, sched, mode, n, staged_io=cg, keep_alive=run.keep_alive)
+                            copies = {}
+                            if cg:
+                                for i, t in enumerate(program.input_infos):
+                                    copies[f"__in{i}"] = float(t.nbytes)
+                                for k, r in enumerate(program.output_refs()):
+                                    copies[f"__out{k}"] = float(graph.unit(r.unit).outputs[r.index].nbytes) \
+                                        if r.kind == "unit" else 0.0
+                            prog = from_stream_program(sp, cuda_graph=cg, copy_bytes=copies,
+                                                       name=f"{name} {label}")
+                            recd = {"run": run.key, "model": name, "batch": run.batch, "group": group,
+                                    "scheduler": sname, "mode": mode, "cuda_graph": cg, "variant": label,
+                                    "measured_ms": rec["median_ms"], "min_ms": rec.get("min_ms"),
+                                    "exact": rec.get("ok"), "stages": got[0], "max_concurrency": got[1],
+                                    "num_streams": got[2], "ops": prog.summary(),
+                                    "baseline_ms": {k: v * 1e3 for k, v in base.items()},
+                                    "keep_alive": run.keep_alive}
+                            data.records.append(recd)
+                            data.samples.append(Sample(prog, group, rec["median_ms"] * 1e-3,
+                                                       label=f"{run.key} {name} {label}", key=program_key(prog)))
+                log(f"  {run.key}: {name} done")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def _weights(idx: list[int], data: Data) -> None:
+    """Each model (unit group) weighs the same in total; variants within it equally."""
+    cnt: dict[str, int] = {}
+    for i in idx:
+        cnt[data.samples[i].group] = cnt.get(data.samples[i].group, 0) + 1
+    for i in idx:
+        data.samples[i].weight = 1.0 / cnt[data.samples[i].group]
+
+
+def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
+    _weights(idx, data)
+    samples = [data.samples[i] for i in idx]
+    scaled = sorted({s.group for s in samples if data.group_source[s.group] == "sim"})
+    base = ProgramCostParams().replace(**FIXED_AT)
+    start_list = [base.replace(fill_items=5e5, host_kernel=6e-6, host_keepalive=5e-6, kernel_scale=1.1)][:starts - 1]
+    t0 = time.perf_counter()
+    res = fit(samples, data.units, base=base, names=DEFAULT_FIT, scaled_groups=scaled,
+              starts=start_list, iters=iters, priors=DEFAULT_PRIORS, tol=LM_TOL)
+    log(f"  fit [{tag}]: {len(samples)} variants, loss {res.loss:.5f}, {res.evaluations} evaluations, "
+        f"{time.perf_counter() - t0:.0f} s")
+    return res
+
+
+def _predict(data: Data, i: int, params: ProgramCostParams, scale: float = 1.0) -> float:
+    s = data.samples[i]
+    units = data.units[s.group]
+    if scale != 1.0:
+        units = {k: (v[0] * scale,) + tuple(v[1:]) for k, v in units.items()}
+    return simulate(s.prog, units, params).latency
+
+
+def _is_calibration(rec: dict) -> bool:
+    return (rec["scheduler"], rec["mode"], rec["cuda_graph"]) == CALIBRATION and rec["run"] in ("fixed", "b8")
+
+
+def _fold_job(args):
+    data, held, iters, starts = args
+    train = [i for i, r in enumerate(data.records) if r["batch"] == 1 and r["model"] != held]
+    res = _fit(data, train, iters, starts, f"without {held}")
+    test = [i for i, r in enumerate(data.records) if r["batch"] == 1 and r["model"] == held]
+    out: dict[int, dict] = {}
+    scale = 1.0
+    if data.group_source[held] == "sim":
+        cal = [i for i in test if _is_calibration(data.records[i])]
+        scale = calibrate_scale([data.samples[i] for i in cal], data.units[held], res.params)
+        for i in cal:
+            out[i] = {"calibration": True}
+    for i in test:
+        out.setdefault(i, {})["heldout_ms"] = _predict(data, i, res.params, scale) * 1e3
+    cal_scale = None
+    if data.group_source[held] == "table":
+        # second reading (not the held-out test): the same fold's parameters with the model's measured unit
+        # latencies scaled by one factor calibrated on its sequential + CUDA graph variant, as the sim-unit models
+        # are; that variant is then calibration, not a test, in this column
+        cal = [i for i in test if _is_calibration(data.records[i])]
+        cal_scale = calibrate_scale([data.samples[i] for i in cal], data.units[held], res.params)
+        for i in test:
+            out[i]["heldout_cal_ms"] = _predict(data, i, res.params, cal_scale) * 1e3
+            if i in cal:
+                out[i]["cal_variant"] = True
+    return held, res.params.values(), scale, out, cal_scale
+
+
+def evaluate(data: Data, iters: int, starts: int, jobs: int) -> dict:
+    recs = data.records
+    b1 = [i for i, r in enumerate(recs) if r["batch"] == 1]
+    held_models = sorted({recs[i]["model"] for i in b1}, key=lambda m: (m not in TABLES, m))
+    jobs_args = [(data, m, iters, starts) for m in held_models]
+    t0 = time.perf_counter()
+    if jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs) as pool:
+            allfit = pool.apply_async(_fit, (data, b1, iters, starts, "all batch-1 variants"))
+            folds = pool.map(_fold_job, jobs_args)
+            res_all = allfit.get()
+    else:
+        res_all = _fit(data, b1, iters, starts, "all batch-1 variants")
+        folds = [_fold_job(a) for a in jobs_args]
+    log(f"fits done in {time.perf_counter() - t0:.0f} s")
+    fold_params = {}
+    for held, params, scale, out, cal_scale in folds:
+        fold_params[held] = {"params": params, "scale": scale, "table_calibration_scale": cal_scale}
+        for i, d in out.items():
+            recs[i].update(d)
+    for i in b1:
+        s = data.samples[i]
+        recs[i]["insample_ms"] = _predict(data, i, res_all.params, res_all.scales.get(s.group, 1.0)) * 1e3
+    # batch 8: transfer with the shipped parameters, each model calibrated on its sequential + CUDA graph
+    b8_scales = {}
+    for group in sorted({r["group"] for i, r in enumerate(recs) if r["batch"] != 1}):
+        idx = [i for i, r in enumerate(recs) if r["group"] == group]
+        cal = [i for i in idx if _is_calibration(recs[i])]
+        if not cal:
+            continue
+        scale = calibrate_scale([data.samples[i] for i in cal], data.units[group], res_all.params)
+        b8_scales[group] = scale
+        for i in idx:
+            recs[i]["transfer_ms"] = _predict(data, i, res_all.params, scale) * 1e3
+            if i in cal:
+                recs[i]["calibration"] = True
+    return {"all": res_all, "folds": fold_params, "batch8_scales": b8_scales}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _err(pred, meas):
+    return None if pred is None else pred / meas - 1.0
+
+
+def _stats(errs: list[float]) -> dict:
+    a = np.abs(np.array([e for e in errs if e is not None], float))
+    if not len(a):
+        return {"n": 0}
+    return {"n": len(a), "median_abs": float(np.median(a)), "max_abs": float(a.max()),
+            "within_10": int((a <= 0.10).sum()), "within_25": int((a <= 0.25).sum())}
+
+
+def summarize(data: Data) -> dict:
+    recs = data.records
+    out = {}
+    models = sorted({r["model"] for r in recs if r["batch"] == 1}, key=lambda m: (m not in TABLES, m))
+    for m in models + ["ALL (table models)"]:
+        if m.startswith("ALL"):
+            rs = [r for r in recs if r["batch"] == 1 and r["model"] in TABLES]
+        else:
+            rs = [r for r in recs if r["batch"] == 1 and r["model"] == m]
+        tests = [r for r in rs if not r.get("calibration")]
+        row = {"variants": len(rs),
+               "heldout": _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in tests]),
+               "heldout_cal": _stats([_err(r.get("heldout_cal_ms"), r["measured_ms"]) for r in rs
+                                      if not r.get("cal_variant")]),
+               "insample": _stats([_err(r.get("insample_ms"), r["measured_ms"]) for r in rs]),
+               "sim:h100": _stats([_err(r["baseline_ms"]["sim:h100"], r["measured_ms"]) for r in rs])}
+        if all("table" in r["baseline_ms"] for r in rs):
+            row["table"] = _stats([_err(r["baseline_ms"]["table"], r["measured_ms"]) for r in rs])
+        out[m] = row
+    b8 = [r for r in recs if r["batch"] != 1 and not r.get("calibration") and "transfer_ms" in r]
+    if b8:
+        out["batch 8 (transfer)"] = {"variants": len(b8),
+                                     "transfer": _stats([_err(r["transfer_ms"], r["measured_ms"]) for r in b8]),
+                                     "sim:h100": _stats([_err(r["baseline_ms"]["sim:h100"], r["measured_ms"])
+                                                         for r in b8])}
+    return out
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{x * 100:+.0f}%"
+
+
+def _fmt_stats(s: dict | None) -> str:
+    if not s or not s.get("n"):
+        return "—"
+    return f"{s['median_abs'] * 100:.1f}% / {s['max_abs'] * 100:.0f}%"
+
+
+def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float) -> str:
+    p: ProgramCostParams = ev["all"].params
+    L = []
+    L.append("# Whole-program GPU latency model (H100)\n")
+    L.append("`passes/cost/program.py` predicts the latency of one call of a lowered program (what "
+             "`scripts/gpu_check.py` times: wall clock of the call plus a device sync) from per-unit isolated "
+             "latencies, by simulating the issued stream program: the host issuing ops one after another with a "
+             "cost per op, every stream a queue, kernels starting when issued, their stream is free and their "
+             "events fired, concurrent kernels sharing the device as a fluid. Generated by "
+             "`scripts/fit_gpu_cost.py` from `shared/gpu-data/h100-2026-11-22` "
+             f"({len(data.records)} measured variants, {seconds:.0f} s):\n")
+    L.append(f"```\n{command}\n```\n")
+    L.append("## The model\n")
+    L.append("```\nhost:   t = call_overhead; per op: kernel +host_kernel, sync +host_sync, set +host_set, "
+             "keep-alive call +host_keepalive\n"
+             "        (CUDA graph: input copies direct, then one graph launch +graph_launch; nothing inside the graph "
+             "costs host time)\n"
+             "device: kernel = max(kernel_min, kernel_scale * isolated + kernel_offset), after kernel_gap "
+             "(graph_node_gap in a graph);\n"
+             "        it may start launch_latency after its issue, when its stream is free; an event wait ends "
+             "event_latency\n"
+             "        (graph_event_latency) after the event fired; running kernels progress at "
+             "1 / max(1, sum of demands),\n"
+             "        demand = min(1, output elements / fill_items)\n"
+             "latency = max(host end, device end) + tail\n```\n")
+    L.append("## Fitted parameters (all batch-1 variants)\n")
+    L.append(f"{len(DEFAULT_FIT)} parameters are fitted ({', '.join(f'`{k}`' for k in DEFAULT_FIT)}); the rest are "
+             "fixed (see *Identifiability* below). Prior: " + ", ".join(
+                 f"`{k}` ~ {c:g} ± {sd:g}" for k, (c, sd) in DEFAULT_PRIORS.items()) +
+             f" (a residual {PRIOR_TAU:g} × (x − centre) / sd next to the sample residuals, whose squared weights "
+             "sum to 1).\n")
+    L.append("| parameter | value | meaning |\n|---|---:|---|")
+    for k, v in p.values().items():
+        if k in ("fill_items", "copy_bandwidth"):
+            val = f"{v:.3g}"
+        elif k == "kernel_scale":
+            val = f"{v:.3f}"
+        else:
+            val = f"{v * 1e6:.2f} µs"
+        how = "" if k in DEFAULT_FIT else (" (fixed: not identifiable)" if k in FIXED_AT else " (not fitted)")
+        L.append(f"| `{k}` | {val} | {PARAM_DOCS[k]}{how} |")
+    if ev["all"].scales:
+        L.append("\nLatency factors on `sim:h100` unit costs of the models without a unit table (nuisance "
+                 "parameters of this fit): " + ", ".join(f"{g} ×{s:.2f}" for g, s in sorted(ev["all"].scales.items()))
+                 + ".\n")
+    L.append("## Identifiability, and why the first held-out numbers were wrong\n")
+    L.append("The first version of this fit freed 16 parameters from fixed starting values. In-sample it was fine, "
+             "but held out the three models with unit tables were predicted 76 % (inception_v3), 28 % (randwire) "
+             "and 87 % (squeezenet) off (median). Printing the fold parameters showed two degenerate optima:\n")
+    L.append("* **kernel map.** Only inception_v3 has large kernels; randwire's and squeezenet's isolated unit "
+             "timings sit at the ~6 µs isolated floor (median 7 µs), and the models without unit tables bypass the "
+             "isolated -> in-program map (their `sim:h100` costs carry a free factor each). Without inception_v3 "
+             "nothing measures the slope `kernel_scale`: the fold fitted 0.40 (with `kernel_offset` -20 µs) and "
+             "predicted inception_v3's 8.7 ms sequential program at 2.0 ms. Fix: a weak prior `kernel_scale` ~ 1 ± "
+             "0.25 (the CUDA-event timing of a kernel that outlasts its launch is its device time), which the data "
+             "overrides where it measures the slope (all-variant fit: see the table).\n")
+    L.append("* **constants.** `call_overhead`, `tail`, `launch_latency`, `kernel_gap`, `graph_node_gap`, "
+             "`kernel_min` and `host_set` went to 1e-18 .. 1e-169 s in the all-variant fit (not identifiable), and in "
+             "the fold without squeezenet `call_overhead` + `tail` + `launch_latency` grew to 0.55 ms per program, "
+             "traded against a -20 µs `kernel_offset` on the many-kernel models, which ruined the 0.5 ms squeezenet "
+             "(+87 %). They are now fixed (zero; `kernel_min` 1 µs). With them fixed, `graph_launch` went to ~1e-9 s "
+             "in every fold, so it is fixed at zero too.\n")
+    L.append("* **optimizer trap.** That fit moved times on a log scale, where a time pushed towards zero loses its "
+             "gradient and stays there: on samples simulated from known parameters it ended at `host_sync` = 4e-17 s "
+             "with `event_latency` absorbing it (loss 3e-5 instead of 0). Times are now moved linearly (value = "
+             "|x| µs), which recovers the known parameters exactly (`tests/test_program_cost.py`). So part of the "
+             "collapse above could have been the optimizer. Checked once by hand (all 16 parameters free, linear "
+             "times, all batch-1 variants, 30 iterations): the seven fixed constants still came out at 0.002 .. 0.48 "
+             "µs (`call_overhead` 0.11, `tail` 0.004, `launch_latency` 0.08, `kernel_gap` 0.15, `graph_node_gap` "
+             "0.002, `host_set` 0.09, `graph_launch` 0.48 µs; `kernel_min` 0.16 µs, not binding) at a worse loss "
+             "(0.0076 vs 0.0065 for the 8-parameter fit), so fixing them costs nothing measurable.\n")
+    L.append("With 8 free parameters instead of 16 a fit also costs half the simulations per iteration. What is "
+             "left of the held-out error of inception_v3 is mostly a uniform ~-16 %: its big kernels run ~1.2x their "
+             "isolated time inside the program (the all-variant fit's `kernel_scale`), which no other model can "
+             "teach; the *held-out, 1 calibration* column shows the fold's parameters after one factor on the "
+             "held-out model's unit latencies calibrated on its `sequential + CUDA graph` variant (the protocol the "
+             "sim-unit models always use, since their unit costs are simulated). The ios variants of inception_v3 "
+             "stay underpredicted even in-sample (conv/avg_pool interference, which this fit does not use).\n")
+    L.append("## Errors: |predicted / measured − 1|, median / worst\n")
+    L.append("*held-out*: the model's variants predicted by parameters fitted without any of that model's "
+             "measurements (leave-one-model-out; the sim-unit models' factor is calibrated on their `sequential + "
+             "CUDA graph` variant, which is then not counted). *held-out, 1 calibration*: table models, the same "
+             "fold with one factor on the unit latencies calibrated on `sequential + CUDA graph` (not counted). "
+             "*in-sample*: the shipped fit. *table*: sum of the schedule's isolated stage costs from the cost "
+             "tables. *sim:h100*: the simulated device's schedule cost.\n")
+    L.append("| model | unit latencies | variants | held-out | held-out, 1 calibration | in-sample | table | sim:h100 |"
+             "\n|---|---|---:|---|---|---|---|---|")
+    for m, row in summary.items():
+        if m.startswith("batch 8"):
+            continue
+        src = "table" if m in TABLES or m.startswith("ALL") else "sim:h100 × factor"
+        L.append(f"| {m} | {src} | {row['variants']} | {_fmt_stats(row['heldout'])} | "
+                 f"{_fmt_stats(row.get('heldout_cal'))} | "
+                 f"{_fmt_stats(row['insample'])} | {_fmt_stats(row.get('table'))} | {_fmt_stats(row['sim:h100'])} |")
+    allrow = [r for r in data.records if r["batch"] == 1 and not r.get("calibration")]
+    st = _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in allrow])
+    if st.get("n"):
+        L.append(f"| ALL (every model) | | {len(allrow)} tests | {_fmt_stats(st)} | | | | |")
+    if "batch 8 (transfer)" in summary:
+        row = summary["batch 8 (transfer)"]
+        L.append(f"\nBatch 8 (no unit tables; shipped parameters, each model's `sim:h100` unit costs calibrated on its "
+                 f"`sequential + CUDA graph` variant): {row['variants']} variants, median / worst "
+                 f"{_fmt_stats(row['transfer'])} (sim:h100: {_fmt_stats(row['sim:h100'])}).\n")
+    tgt = summary.get("ALL (table models)", {}).get("heldout", {})
+    if tgt.get("n"):
+        met = tgt["median_abs"] <= 0.10 and tgt["max_abs"] <= 0.25
+        L.append(f"\nIssue target (median ≤ 10 %, worst ≤ 25 % on every variant), held-out, table models: median "
+                 f"{tgt['median_abs'] * 100:.1f} %, worst {tgt['max_abs'] * 100:.0f} %; {tgt['within_10']} of "
+                 f"{tgt['n']} variants within 10 %, {tgt['within_25']} within 25 %: "
+                 f"{'met' if met else '**not met**'}.\n")
+    L.append("## Every variant (ms)\n")
+    L.append("Runs: " + "; ".join(f"`{r.key}` = {r.file} ({r.note})" for r in RUNS) + ".\n")
+    L.append("*held-out* of a batch-8 row: the transfer check (shipped parameters, one calibration per model). "
+             "*1 cal*: held-out with one calibration (table models).\n")
+    L.append("| run | model | variant | ops (kernels/syncs/sets/keep-alive) | measured | held-out | err | 1 cal | err | "
+             "in-sample | err | table | err | sim:h100 | err |\n"
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in data.records:
+        meas = r["measured_ms"]
+        o = r["ops"]
+        ops = f"{o['kernels']}/{o['syncs']}/{o['sets']}/{o['keepalive_calls']}"
+        ho = r.get("heldout_ms", r.get("transfer_ms"))
+        tag = " (calibration)" if r.get("calibration") else ""
+        hc = r.get("heldout_cal_ms")
+        tb = r["baseline_ms"].get("table")
+        sm = r["baseline_ms"]["sim:h100"]
+        ins = r.get("insample_ms")
+        L.append(f"| {r['run']} | {r['model']} | {r['variant']}{tag} | {ops} | {meas:.3f} | "
+                 f"{'—' if ho is None else f'{ho:.3f}'} | {_pct(_err(ho, meas)) if not tag else '—'} | "
+                 f"{'—' if hc is None else f'{hc:.3f}'} | {_pct(_err(hc, meas)) if not r.get('cal_variant') else 'cal'} | "
+                 f"{'—' if ins is None else f'{ins:.3f}'} | {_pct(_err(ins, meas))} | "
+                 f"{'—' if tb is None else f'{tb:.3f}'} | {_pct(_err(tb, meas))} | {sm:.3f} | {_pct(_err(sm, meas))} |")
+    L.append("")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=DEFAULT_DATA)
+    ap.add_argument("--models", default=None, help="comma-separated subset (default: every model with data)")
+    ap.add_argument("--no-batch8", action="store_true", help="skip the batch-8 transfer check")
+    ap.add_argument("--no-landed", action="store_true", help="leave out the as-landed run")
+    ap.add_argument("--iters", type=int, default=30, help="Levenberg-Marquardt iterations per fit")
+    ap.add_argument("--starts", type=int, default=1, help="starting points per fit (1 or 2)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--quick", action="store_true", help="10 iterations, one start")
+    ap.add_argument("--cache", default=None, help="pickle of the reproduced variants (built when missing)")
+    ap.add_argument("--md", default=os.path.join(ROOT, "docs", "gpu_cost_model.md"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu_cost_model.json"))
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.iters, args.starts = 10, 1
+    t0 = time.perf_counter()
+    runs = [r for r in RUNS if not (args.no_batch8 and r.batch != 1) and not (args.no_landed and r.key == "landed")]
+    models = [m.strip() for m in args.models.split(",")] if args.models else None
+    data = None
+    if args.cache and os.path.exists(args.cache):
+        with open(args.cache, "rb") as f:
+            data = pickle.load(f)
+        log(f"variants from {args.cache}")
+    if data is None:
+        data = build_data(args.data, runs, models)
+        if args.cache:
+            with open(args.cache, "wb") as f:
+                pickle.dump(data, f)
+    log(f"{len(data.records)} variants reproduced ({sum(c['ok'] for c in data.checks)} schedule shapes match the runs)")
+    ev = evaluate(data, args.iters, args.starts, args.jobs)
+    summary = summarize(data)
+    seconds = time.perf_counter() - t0
+    # console table
+    print(f"{'run':8s} {'model':16s} {'variant':38s} {'meas':>7s} {'held':>7s} {'err':>6s} {'in':>7s} {'err':>6s} "
+          f"{'table':>7s} {'err':>6s} {'sim':>7s} {'err':>6s}")
+    for r in data.records:
+        meas = r["measured_ms"]
+        ho = r.get("heldout_ms", r.get("transfer_ms"))
+        ins = r.get("insample_ms")
+        tb = r["baseline_ms"].get("table")
+        sm = r["baseline_ms"]["sim:h100"]
+        f = (lambda x: "      —" if x is None else f"{x:7.3f}")
+        print(f"{r['run']:8s} {r['model']:16s} {r['variant'] + (' (cal)' if r.get('calibration') else ''):38s} "
+              f"{meas:7.3f} {f(ho)} {_pct(_err(ho, meas)):>6s} {f(ins)} {_pct(_err(ins, meas)):>6s} "
+              f"{f(tb)} {_pct(_err(tb, meas)):>6s} {sm:7.3f} {_pct(_err(sm, meas)):>6s}")
+    print()
+    for m, row in summary.items():
+        cols = {k: _fmt_stats(v) for k, v in row.items() if isinstance(v, dict)}
+        print(f"{m:22s} n={row['variants']:3d}  " + "  ".join(f"{k} {v}" for k, v in cols.items()))
+    print("\nfitted parameters (all batch-1 variants):")
+    for k, v in ev["all"].params.values().items():
+        print(f"  {k:20s} {v:.4g}")
+    command = "cd tvm-interop && .venv/bin/python scripts/fit_gpu_cost.py" + \
+        ("" if args.data == DEFAULT_DATA else f" --data {args.data}") + \
+        f" --iters {args.iters} --starts {args.starts} --jobs {args.jobs}"
+    if not args.no_write:
+        from runtime import atomic
+
+        doc = {"format": "tvm-interop-gpu-cost-model-report", "version": 1, "command": command,
+               "data": os.path.relpath(args.data, os.path.dirname(ROOT)) if args.data.startswith(os.path.dirname(ROOT))
+               else args.data,
+               "model": dict(ev["all"].params.to_json(), meta={"fitted_on": "all batch-1 variants",
+                                                                "loss": ev["all"].loss,
+                                                                "sim_scales": ev["all"].scales}),
+               "folds": ev["folds"], "batch8_scales": ev["batch8_scales"], "summary": summary,
+               "runs": [r.__dict__ for r in runs], "variants": data.records, "seconds": seconds}
+        atomic.write_json(args.json, doc, indent=1)
+        atomic.write_text(args.md, render_md(data, ev, summary, command, seconds))
+        log(f"wrote {args.md} and {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
