@@ -27,7 +27,6 @@ if ROOT not in sys.path:
 
 from passes.cost import get_cost_model  # noqa: E402
 from passes.graph import OpGraph  # noqa: E402
-from passes.partition import partition  # noqa: E402
 from passes.schedulers import schedule_graph  # noqa: E402
 
 MODELS = ["inception_v3", "randwire", "nasnet_a_large", "squeezenet"]
@@ -83,12 +82,10 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             g = load_graph(model, batch, args.synthetic, args.graph_cache)
             load_s = time.perf_counter() - t0
-            blocks = partition(g)
             for spec in args.costs:
                 cost = get_cost_model(spec)
                 row = {"model": model, "batch": batch, "cost": cost.device_fingerprint, "units": len(g),
-                       "edges": len(g.edges), "blocks": len(blocks), "largest_block": max(map(len, blocks)),
-                       "load_seconds": round(load_s, 2), "schedulers": {}}
+                       "edges": len(g.edges), "load_seconds": round(load_s, 2), "schedulers": {}}
                 for name in args.schedulers:
                     t1 = time.perf_counter()
                     c1 = time.process_time()
@@ -105,6 +102,14 @@ def run(args) -> dict:
                         "wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
                     }
                     row["sequential_ms"] = sc.sequential_latency * 1e3
+                    if name == "ios_dp":   # IOS's granularity: the blocks and schedule units the DP searched
+                        bl = sc.search["blocks"]
+                        big = max(bl, key=lambda b: b["transitions"])
+                        row.update(schedule_units=sc.search["schedule_units"], blocks=len(bl),
+                                   largest_block=max(b["units"] for b in bl),
+                                   largest_block_states=max(b["states"] or 0 for b in bl),
+                                   max_block_transitions=big["transitions"],
+                                   blocks_over_budget=sum(b["states"] is None for b in bl))
                     print(f"{model:15s} b{batch:<3d} {cost.device_fingerprint:9s} {name:10s} "
                           f"{sc.predicted_latency * 1e3:9.3f} ms  x{sc.sequential_latency / sc.predicted_latency:5.2f}"
                           f"  {wall:7.2f} s wall {cpu:7.2f} s cpu", flush=True)
@@ -135,7 +140,13 @@ def markdown(result: dict) -> str:
         "`ios_dp` is IOS's dynamic program alone; `ios` adds its guard (the cheapest of the DP's schedule, "
         "sequential, greedy and lios at 1..s streams, per block). "
         "hios predicted latency includes inter-device transfers (300 GB/s, 5 us) and may keep one device "
-        "when that is faster. Blocks larger than 800 DP states are cut into parts (ios `max_states`).",
+        "when that is faster. The exact searches (ios, ios_dp) schedule *schedule units* (chains of kernels whose "
+        "inner tensors have one producer and one consumer, `passes/contract.py`) in IOS's blocks (barriers where "
+        "at most 2 tensors are live, each block within 4096 DP states where the graph has such a barrier, "
+        "`passes.partition.frontier_blocks`); the other schedulers place kernels, cut at cut points only. "
+        "`units`: kernels / schedule units; `blocks`: ios_dp's blocks, largest in units and DP states, most DP "
+        "transitions in one block (IOS's Table 1 measure) and blocks over the 4096-state preference (searched "
+        "whole: the DP's own budget is 32768 states over schedule units, never reached here).",
         "",
         f"Machine: {m.get('cpu', '?')}, {m.get('cpus')} CPUs, Python {m.get('python')}, load average at the end "
         f"{m.get('load_average')} (other jobs shared the machine: wall times are inflated; CPU seconds are "
@@ -143,15 +154,17 @@ def markdown(result: dict) -> str:
         "",
         f"Reproduce: `{result['command']}`",
         "",
-        "| model | batch | device | units | largest block | sequential ms | "
+        "| model | batch | device | units | blocks (largest: units / states; max transitions; over) | sequential ms | "
         + " | ".join(f"{s} ms (x)" for s in scheds if s != "sequential")
         + " | ios search s (wall / cpu) | ios states / transitions | lios s | ios<=lios<=greedy | ios_dp<=lios |",
         "|" + "---|" * (6 + len([s for s in scheds if s != "sequential"]) + 5),
     ]
     for r in result["rows"]:
         s = r["schedulers"]
-        cells = [r["model"], str(r["batch"]), r["cost"], str(r["units"]), str(r["largest_block"]),
-                 f"{r['sequential_ms']:.3f}"]
+        units = f"{r['units']} / {r['schedule_units']}" if "schedule_units" in r else str(r["units"])
+        blocks = (f"{r['blocks']} ({r['largest_block']} / {r['largest_block_states']}; "
+                  f"{r['max_block_transitions']}; {r['blocks_over_budget']})") if "blocks" in r else "-"
+        cells = [r["model"], str(r["batch"]), r["cost"], units, blocks, f"{r['sequential_ms']:.3f}"]
         for name in scheds:
             if name == "sequential":
                 continue
@@ -165,7 +178,37 @@ def markdown(result: dict) -> str:
         cells.append(str(r.get("ios_dp<=lios", "-")))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines += granularity_section(result["rows"])
     return "\n".join(lines)
+
+
+# IOS (Ding et al., MLSys'21) Table 2: blocks and operators (schedule units) per network
+IOS_TABLE2 = {"inception_v3": (11, 119), "randwire": (3, 120), "nasnet_a_large": (13, 374), "squeezenet": (10, 50)}
+
+
+def granularity_section(rows: list[dict]) -> list[str]:
+    """Our schedule units and blocks next to IOS's Table 2 (batch 1, the first cost of each model)."""
+    seen, out = set(), []
+    for r in rows:
+        if r["model"] in seen or "schedule_units" not in r or r["batch"] != 1:
+            continue
+        seen.add(r["model"])
+        ios = IOS_TABLE2.get(r["model"])
+        ratio = f"{r['schedule_units'] / ios[1]:.2f}" if ios else "-"
+        out.append(f"| {r['model']} | {r['units']} | {r['schedule_units']} | {ios[1] if ios else '-'} | {ratio} | "
+                   f"{r['blocks']} | {ios[0] if ios else '-'} | {r['largest_block']} | {r['largest_block_states']} | "
+                   f"{r['max_block_transitions']} | {r['blocks_over_budget']} |")
+    if not out:
+        return []
+    return ["## Granularity next to IOS (Table 2)", "",
+            "Kernels: what TVM fuses the model into. Schedule units: what ios searches (chains contracted). "
+            "Blocks: ios_dp's blocks; IOS's counts are its Table 2. `over`: blocks without a small-frontier "
+            "barrier inside that exceed the 4096-state preference (RandWire's stages: every position inside a "
+            "stage has 8-18 live tensors); each is still searched whole (the DP's budget, 32768 states, is not "
+            "reached). Max transitions: the DP transitions of the most expensive block (IOS's Table 1 measure).",
+            "", "| model | kernels | schedule units | IOS operators | units / IOS | blocks | IOS blocks | "
+            "largest block (units) | largest block (states, within budget) | max transitions in one block | over |",
+            "|---|---|---|---|---|---|---|---|---|---|---|", *out, ""]
 
 
 def main(argv=None) -> int:
@@ -177,7 +220,14 @@ def main(argv=None) -> int:
     p.add_argument("--synthetic", action="store_true", help="use passes.synthetic stand-ins (no TVM)")
     p.add_argument("--graph-cache", default=None, help="keep extracted graphs as JSON in this folder")
     p.add_argument("--out", default=os.path.join(ROOT, "docs"), help="folder for bench_schedulers.{json,md}")
+    p.add_argument("--render", default=None, metavar="JSON", help="only re-render the markdown of a result file")
     args = p.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            result = json.load(f)
+        with open(os.path.splitext(args.render)[0] + ".md", "w") as f:
+            f.write(markdown(result))
+        return 0
     if "sequential" not in args.schedulers:
         args.schedulers = ["sequential"] + args.schedulers
     result = run(args)
