@@ -59,7 +59,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
     from .candidates import describe, graph_functions, lower_variants, merge_modules
     from .cuda_build import build_cuda, graph_feasibility
-    from .target import normalize_target, requested_arches
+    from .target import cpu_isa_features, normalize_target, requested_arches
 
     t0 = time.perf_counter()
     target = normalize_target(target)
@@ -96,6 +96,9 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
             meta["candidates"], meta["default_candidate"] = describe(vs)
         if is_cuda:
             meta["cuda_arches"] = list(arches)
+        elif target.kind.name == "llvm":   # what the runtime checks this CPU for before any kernel runs
+            meta["cpu_features"] = cpu_isa_features(target)
+            meta["cpu"] = target.attrs.get("mcpu") or "generic"
         plan.meta.update(meta)
         lowered = attach_runtime_payload(merge_modules(vs), program, plan)
         try:

@@ -18,11 +18,10 @@ def is_timed_cost(spec) -> bool:
 def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1):
     """The cost model for ``measured`` (every stage timed) or ``learned[:options]`` (XGBoost on timed stages, see
     ``passes.cost.learned``) over ``program``'s kernels. Timing runs the kernels here, so the target must be a CPU."""
-    import tvm
-
     from .cost.measured import MeasuredCostModel
+    from .target import normalize_target
 
-    kind = (tvm.target.Target(target) if isinstance(target, str) else target).kind.name
+    kind = normalize_target(target).kind.name
     if kind not in ("llvm", "c"):
         raise InteropError(f"cost={spec!r} times kernels on this machine's CPU, not on a {kind} device; for a GPU "
                            "target measure on the GPU with a profiling bundle (tvm-interop profile-bundle, then "

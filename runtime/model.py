@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .cpu_features import check_cpu_features
 from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda_device, ensure_cuda_runtime,
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
@@ -89,6 +90,8 @@ class ScheduledModel:
         self.plan = plan
         if device_kind == "cuda" and self._device is not None:  # the device was needed to read the plan
             check_arch(plan.meta.get("cuda_arches") or [], self._device)
+        if device_kind == "cpu":
+            check_cpu_features(plan.meta)
         self.mode = mode or self.plan.meta.get("mode", "stage")
         self.cuda_graph = bool(self.plan.meta.get("cuda_graph", False)) if cuda_graph is None else bool(cuda_graph)
         self._cuda_graph_requested = cuda_graph

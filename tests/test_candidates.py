@@ -27,7 +27,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA build
 
 @pytest.fixture(scope="module")
 def cpu_candidates(branchy_model):
-    cm = tvm_interop.compile(branchy_model, target="llvm", scheduler="greedy", executor="vm", candidates=True,
+    cm = tvm_interop.compile(branchy_model, target="llvm", scheduler="greedy", executor="vm", candidates=True, guard=False,
                              name="branchy")
     yield cm
     cm.close()
@@ -49,7 +49,7 @@ def test_cpu_library_carries_every_candidate_and_each_is_exact(cpu_candidates, b
 
 
 def test_cpu_default_builds_have_no_candidates(branchy_model):
-    cm = tvm_interop.compile(branchy_model, target="llvm", scheduler="greedy")
+    cm = tvm_interop.compile(branchy_model, target="llvm", scheduler="greedy", guard=False)
     assert "candidates" not in cm.plan.meta
     cm.close()
 
@@ -123,7 +123,8 @@ def test_pick_cli(cpu_candidates, tmp_path, capsys):
     plain = tmp_path / "plain.so"
     from tvm_interop.models import get_model
 
-    cm = tvm_interop.compile(get_model("squeezenet", width=0.125, image_size=32), scheduler="greedy")
+    cm = tvm_interop.compile(get_model("squeezenet", width=0.125, image_size=32), scheduler="greedy",
+                             guard=False)
     cm.export(str(plain))
     cm.close()
     assert main(["pick", str(plain)]) == 1

@@ -39,10 +39,10 @@ def test_tight_bound_tightens_to_sequential_memory(program):
 def test_compile_applies_the_bound(branchy_model, branchy_input, branchy_reference):
     import numpy as np
 
-    cm = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=1.0)
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=1.0, guard=False)
     assert cm.memory.tightened and cm.memory.limit == 1.0
     np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4)
-    free = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=None)
+    free = tvm_interop.compile(branchy_model, scheduler="greedy", max_memory_ratio=None, guard=False)
     assert free.memory is None and free.schedule.max_concurrency() >= cm.schedule.max_concurrency()
     cm.close()
     free.close()

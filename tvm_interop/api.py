@@ -140,12 +140,16 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     a schedule over it is tightened (fewer groups per stage) and the outcome is in ``.memory``.
     ``allow_device_mismatch``: apply a schedule file tuned for another kind of device anyway.
     ``cpu_schedule``: give CPU kernels the default schedules of ``passes.kernels.cpu_schedule`` (default True;
-    TVM's untuned CPU kernels are naive). Target ``"llvm -mcpu=<your cpu>"`` enables AVX2/AVX-512 code.
+    TVM's untuned CPU kernels are naive).
     ``tuning_db``: a MetaSchedule database directory made by ``tvm-interop tune`` /
     ``passes.kernels.tuning.tune_program``; its tuned kernels replace the prepared ones before anything is
     measured or built (kernels without a record keep their default schedule).
-    ``target``: ``"llvm"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a GPU;
-    the default arch is sm_90). ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
+    ``target``: ``"llvm"`` (this machine's CPU: AVX2/AVX-512 where it has them), ``"llvm-generic"`` (any x86-64),
+    ``"llvm -mcpu=<cpu>"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a
+    GPU; the default arch is sm_90).
+    ``guard`` (CPU): ``None`` (default) times the schedule against sequential with a timed cost and otherwise
+    ships sequential when the cost model predicts the schedule slower; ``True`` always times; ``False`` ships
+    what the scheduler found, unchecked. ``schedule.search["shipped_because"]`` says why. ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     ``cuda_arch``: the GPU arches whose binaries the library carries (``"sm_80,sm_90"``; default: the target's
     arch, ``cuda -arch=sm_80,sm_90`` also works); a GPU of another arch is refused at load with a clear error.
     ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
@@ -228,6 +232,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if bounded is not sched:
             bounded.search["memory_tightened_from"] = sched.max_concurrency()
             sched = bounded
+    predicted_guard = guard is None and not measured   # guard=False: ship what the scheduler found, unchecked
+    if guard is None:
+        guard = measured
+    if device_kind == "cpu" and predicted_guard and schedule is None:
+        sched = _unless_predicted_slower(sched, program.graph, model_name, batch_size)
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
 
@@ -246,8 +255,6 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t
     guard_result = None
-    if guard is None:
-        guard = measured
     if guard and device_kind == "cpu" and sched.scheduler != "sequential":
         from passes.guard import compare_plans, decide
         from passes.lower import make_plan as _plan
@@ -272,10 +279,14 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                         guard_result.sequential_ms, guard_result.noise * 100)
             seq.measured_latency = guard_result.sequential_ms / 1e3
             seq.search["guard_rejected"] = sched.scheduler
+            seq.search["shipped_because"] = (f"measured slower than sequential ({guard_result.scheduled_ms:.3f} vs "
+                                              f"{guard_result.sequential_ms:.3f} ms)")
             sched = seq
             plan, library = (seq_plan, seq_library) if merged else build(sched)
             built.update(program=program, schedule=seq)
         else:
+            sched.search["shipped_because"] = (f"measured faster than sequential ({guard_result.scheduled_ms:.3f} vs "
+                                               f"{guard_result.sequential_ms:.3f} ms)")
             log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms (noise %.1f%%): keeping the schedule",
                      sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms, guard_result.noise * 100)
         timings["guard"] = time.perf_counter() - t
@@ -287,6 +298,31 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
+
+
+def _unless_predicted_slower(sched, graph, model_name: str, batch_size: int):
+    """The schedule, or sequential when its own cost model predicts it slower than sequential (a CPU build without
+    the measured guard must not ship a schedule that its prediction already says loses)."""
+    from passes.schedulers import schedule_graph
+
+    pred, seq_pred = sched.predicted_latency, sched.sequential_latency
+    if sched.scheduler == "sequential" or not pred or not seq_pred:
+        sched.search.setdefault("shipped_because", "sequential requested" if sched.scheduler == "sequential"
+                                else "no prediction to compare")
+        return sched
+    if pred > seq_pred * (1 + 1e-9):
+        log.warning("%s schedule predicted %.3f ms, slower than sequential (%.3f ms) under %s: shipping sequential",
+                    sched.scheduler, pred * 1e3, seq_pred * 1e3, sched.device)
+        seq = schedule_graph(graph, "sequential", "unit", model_name=model_name, batch=batch_size)
+        seq.predicted_latency = seq.sequential_latency = seq_pred
+        seq.device = sched.device   # the prediction that decided came from this cost model
+        seq.search["guard_rejected"] = sched.scheduler
+        seq.search["shipped_because"] = (f"{sched.scheduler} predicted slower than sequential under {sched.device} "
+                                         f"({pred * 1e3:.3f} vs {seq_pred * 1e3:.3f} ms)")
+        return seq
+    sched.search["shipped_because"] = (f"predicted faster than sequential under {sched.device} ({pred * 1e3:.3f} vs "
+                                       f"{seq_pred * 1e3:.3f} ms; not measured: guard=True measures)")
+    return sched
 
 
 def reference_build(mod, target: str = "llvm"):

@@ -28,10 +28,16 @@ class CostCacheError(InteropError):
     """The cost cache belongs to another device or TVM version."""
 
 
-def default_cache_path() -> Path:
+def default_cache_path(device: str | None = None) -> Path:
+    """The user's cache file; one per ``device`` fingerprint when given (a CPU target with other instructions is
+    another device: its kernels are other code), so switching targets never meets a foreign cache."""
     base = os.environ.get("TVM_INTEROP_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tvm-interop")
-    return Path(base) / "cost-cache.json"
+    if device is None:
+        return Path(base) / "cost-cache.json"
+    import hashlib
+
+    return Path(base) / f"cost-cache-{hashlib.sha256(device.encode()).hexdigest()[:12]}.json"
 
 
 class CostCache:

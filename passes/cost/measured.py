@@ -48,11 +48,14 @@ class MeasuredCostModel(CostModel):
     def __init__(self, program, target: "str | tvm.target.Target" = "llvm", cache=None, use_cache: bool = True,
                  warmup: int = 2, repeat: int = 7, library=None, batch: int | None = None):
         self.program = program
-        self.target = tvm.target.Target(target) if isinstance(target, str) else target
+        from ..target import normalize_target, target_text
+
+        self.target = normalize_target(target)
         if self.target.kind.name not in ("llvm", "c"):
             raise NotImplementedError(
                 "in-process measurement runs CPU kernels; for a GPU use a profiling bundle (cost 'table:FILE')")
-        self.name = "measured:" + cpu_fingerprint()
+        # the CPU that times and the instructions the kernels use: llvm-generic and -mcpu=<host> kernels differ
+        self.name = "measured:" + cpu_fingerprint() + ":" + target_text(self.target)
         self.batch = batch
         self._library = library
         self._timer: StageTimer | None = None
@@ -61,7 +64,7 @@ class MeasuredCostModel(CostModel):
         if isinstance(cache, CostCache):
             self.cache = cache
         else:
-            self.cache = CostCache(cache or default_cache_path(), device=self.name,
+            self.cache = CostCache(cache or default_cache_path(self.name), device=self.name,
                                    tvm_version=tvm.__version__) if use_cache else None
         self._memo: dict[tuple, float] = {}
         self.cache_hits = 0

@@ -18,6 +18,10 @@ def register(sub) -> None:
                    help="cost model for the scheduler: sim:cpu | sim:h100 | ... | table:FILE | measured (stages timed "
                         "on this CPU) | learned[:rounds=N] (XGBoost on timed stages); timed costs turn the "
                         "never-slower guard on")
+    p.add_argument("--guard", default="auto", choices=["auto", "on", "off"],
+                   help="CPU: never ship a schedule slower than sequential. auto (default): timed against sequential "
+                        "with a timed cost, else sequential ships when the cost model predicts the schedule slower; "
+                        "on: always timed; off: ship what the scheduler found")
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
@@ -41,7 +45,8 @@ def run(args) -> int:
         cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
                                  schedule=args.schedule, mode=args.mode, batch_size=args.batch,
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
-                                 tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch)
+                                 tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
+                                 guard={"auto": None, "on": True, "off": False}[args.guard])
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:
@@ -49,7 +54,8 @@ def run(args) -> int:
     s = cm.schedule
     mem = cm.memory_report()  # activation memory in TVM's memory plan: scheduled (streams) vs sequential
     summary = {
-        "model": s.model_name, "target": args.target, "scheduler": s.scheduler, "units": len(cm.graph),
+        "model": s.model_name, "target": cm.target, "scheduler": s.scheduler, "units": len(cm.graph),
+        "shipped_because": s.search.get("shipped_because"), "rejected_scheduler": s.search.get("guard_rejected"),
         "stages": s.num_stages, "max_concurrency": s.max_concurrency(), "cost": s.device,
         "predicted_ms": None if s.predicted_latency is None else s.predicted_latency * 1e3,
         "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
@@ -63,13 +69,19 @@ def run(args) -> int:
     else:
         print(f"{s.model_name}: {len(cm.graph)} units -> {s.num_stages} stages (scheduler {s.scheduler}, "
               f"max {s.max_concurrency()} concurrent groups)")
+        print(f"target: {cm.target}")
         if s.predicted_latency is not None:
             print(f"predicted by {s.device}: {s.predicted_latency * 1e3:.3f} ms "
                   f"(sequential {s.sequential_latency * 1e3:.3f} ms)")
-        print(f"activation memory: {cm.plan.storage_bytes() / 2**20:.2f} MiB; compile "
-              f"{cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, build {cm.timings['build']:.1f} s)")
-        print(f"activation memory (TVM plan): scheduled {mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential "
-              f"{mem['sequential_bytes'] / 2**20:.2f} MiB")
+        if summary["shipped_because"]:
+            rejected = f" instead of {summary['rejected_scheduler']}" if summary["rejected_scheduler"] else ""
+            print(f"shipped: {s.scheduler}{rejected}: {summary['shipped_because']}")
+        print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
+              f"{cm.plan.storage_bytes() / 2**20:.2f} MiB")
+        print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "
+              f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB")
+        print(f"compile {cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, "
+              f"build {cm.timings['build']:.1f} s)")
         if summary["candidates"]:
             print(f"candidate programs ({len(summary['candidates'])}, the device picks the fastest at first run or "
                   f"with `tvm-interop pick`): {', '.join(summary['candidates'])}")

@@ -1,0 +1,159 @@
+"""CPU out of the box: ``target="llvm"`` is this machine's CPU, ``llvm-generic`` the portable baseline, and a
+library built for instructions the loading CPU lacks is refused before any kernel runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from passes.target import (GENERIC_CPU, cpu_isa_features, host_cpu, normalize_target, target_text)
+from runtime.cpu_features import check_cpu_features, host_cpu_flags, missing_features
+from runtime.errors import DeviceError, InteropError
+
+
+def test_llvm_means_this_machines_cpu():
+    cpu = host_cpu()
+    assert cpu and cpu not in ("generic", "x86-64")
+    for spelling in ("llvm", {"kind": "llvm"}):
+        t = normalize_target(spelling)
+        assert t.kind.name == "llvm" and t.attrs["mcpu"] == cpu
+        assert target_text(spelling) == f"llvm -mcpu={cpu}"
+    # this machine has at least AVX2 (every CI and build machine of this project does); generic has none
+    assert {"avx", "avx2", "fma"} <= set(cpu_isa_features("llvm"))
+
+
+def test_generic_and_explicit_cpus():
+    g = normalize_target(GENERIC_CPU)
+    assert g.kind.name == "llvm" and not g.attrs.get("mcpu")
+    assert target_text(GENERIC_CPU) == GENERIC_CPU and cpu_isa_features(GENERIC_CPU) == []
+    z = normalize_target("llvm -mcpu=znver4")
+    assert z.attrs["mcpu"] == "znver4" and "avx512f" in cpu_isa_features(z)
+    # a Target object is taken as it is (TVM's own spelling stays generic)
+    import tvm
+
+    assert not normalize_target(tvm.target.Target("llvm")).attrs.get("mcpu")
+
+
+def test_unknown_mcpu_is_reported_in_llvms_words():
+    with pytest.raises(InteropError, match="'nonsense' is not a recognized processor.*llvm-generic"):
+        normalize_target("llvm -mcpu=nonsense")
+
+
+def test_feature_check_maps_llvm_names_to_cpuinfo(tmp_path):
+    flags = {"sse4_1", "sse4_2", "avx", "avx2", "fma", "pni", "avx512_vnni"}
+    assert missing_features(["sse3", "sse4.1", "avx2", "avx512vnni", "avx512f"], flags) == ["avx512f"]
+    check_cpu_features({"cpu_features": ["avx2", "sse4.2"]}, flags)          # all present: nothing raised
+    check_cpu_features({"cpu_features": []}, set())                          # a generic library runs anywhere
+    with pytest.raises(DeviceError, match=r"llvm -mcpu=znver4.*avx512f, avx512bw.*--target llvm-generic"):
+        check_cpu_features({"cpu_features": ["avx2", "avx512f", "avx512bw"], "target": "llvm -mcpu=znver4"}, flags)
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n")
+    assert host_cpu_flags(str(info)) == {"fpu", "sse2", "avx2"}
+    assert host_cpu_flags(str(tmp_path / "missing")) is None
+    flags_here = host_cpu_flags()
+    assert flags_here is None or not missing_features(cpu_isa_features("llvm"), flags_here)
+
+
+@pytest.fixture(scope="module")
+def branchy_libraries(tmp_path_factory):
+    import tvm_interop
+    from tvm_interop.models import get_model, small_config
+
+    mod = get_model("squeezenet", **small_config("squeezenet"))
+    d = tmp_path_factory.mktemp("host")
+    out = {}
+    for target in ("llvm", GENERIC_CPU):
+        cm = tvm_interop.compile(mod, target=target, scheduler="greedy", name="squeezenet", max_memory_ratio=None)
+        path = str(d / f"{target}.so")
+        cm.export(path)
+        out[target] = (cm, path)
+    yield mod, out
+    for cm, _ in out.values():
+        cm.close()
+
+
+def test_host_and_generic_builds_match_plain_tvm_and_record_their_cpu(branchy_libraries):
+    import tvm_interop
+    from runtime.model import load
+
+    mod, libs = branchy_libraries
+    x = np.random.default_rng(5).standard_normal(
+        tuple(int(d) for d in mod["main"].params[0].ty.shape.values)).astype("float32")
+    ref = tvm_interop.run_reference(mod, [x])
+    host = libs["llvm"][0]
+    assert host.target == f"llvm -mcpu={host_cpu()}"
+    assert host.runner.plan.meta["cpu_features"] == cpu_isa_features("llvm")
+    assert libs[GENERIC_CPU][0].runner.plan.meta["cpu_features"] == []
+    for target, (cm, path) in libs.items():
+        np.testing.assert_allclose(cm.run(x), ref, rtol=1e-4, atol=1e-4, err_msg=target)
+        loaded = load(path)
+        np.testing.assert_allclose(loaded.run(x), ref, rtol=1e-4, atol=1e-4, err_msg=target)
+        loaded.close()
+
+
+def test_loading_on_a_cpu_without_the_features_is_refused(branchy_libraries, monkeypatch):
+    import runtime.cpu_features as cf
+    from runtime.model import load
+
+    _, libs = branchy_libraries
+    # simulate an older CPU: SSE only
+    monkeypatch.setattr(cf, "host_cpu_flags", lambda cpuinfo="/proc/cpuinfo": {"fpu", "sse", "sse2"})
+    with pytest.raises(DeviceError, match="does not have"):
+        load(libs["llvm"][1])
+    generic = load(libs[GENERIC_CPU][1])   # the portable library still loads
+    generic.close()
+
+
+class _ConcurrencyHurts:
+    """A cost model under which every concurrent stage is slower than its units one after another."""
+
+    def __new__(cls):
+        from passes.cost import UnitCostModel
+
+        class Model(UnitCostModel):
+            name = "concurrency-hurts"
+
+            def stage_latency(self, groups, strategy="concurrent"):
+                total = sum(self.unit_latency(u) for g in groups for u in g)
+                return total * (1.5 if len(groups) > 1 else 1.0)
+
+        return Model(name="concurrency-hurts")
+
+
+def test_default_cpu_path_never_ships_a_schedule_predicted_slower():
+    import tvm_interop
+    from tvm_interop.models import get_model, small_config
+
+    mod = get_model("googlenet", **small_config("googlenet"))
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost=_ConcurrencyHurts(), name="googlenet",
+                             max_memory_ratio=None)
+    try:
+        s = cm.schedule
+        assert s.scheduler == "sequential" and s.search["guard_rejected"] == "greedy"
+        assert "greedy predicted slower than sequential" in s.search["shipped_because"]
+    finally:
+        cm.close()
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", name="googlenet", max_memory_ratio=None)
+    try:
+        assert cm.schedule.scheduler == "greedy"
+        assert cm.schedule.search["shipped_because"].startswith("predicted faster than sequential")
+    finally:
+        cm.close()
+
+
+def test_compile_command_says_target_what_shipped_and_which_memory(capsys):
+    from tvm_interop.cli import main
+
+    args = ["compile", "squeezenet", "--width", "0.125", "--image-size", "32", "--scheduler", "greedy", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"target: llvm -mcpu={host_cpu()}" in out
+    assert "shipped: " in out and "sequential" in out
+    assert "activation memory, threads executor's buffers" in out
+    assert "activation memory, TVM's memory plan as built (VM executor): scheduled" in out
+    assert main(args + ["--target", "llvm-generic", "--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["target"] == "llvm-generic" and d["shipped_because"]
+    assert main(args + ["--target", "llvm -mcpu=nonsense"]) == 1
+    assert "not a recognized processor" in capsys.readouterr().err
