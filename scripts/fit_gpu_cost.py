@@ -227,6 +227,8 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                     if sname not in recorded:
                         continue
                     opts = {"max_streams": MAX_STREAMS} if sname == "greedy" else {}
+                    # the runs predate schedule units and frontier blocks: reproduce them over kernels, cut points
+                    opts.update(unit_granularity="kernel", max_block_states=None)
                     sched = schedule_graph(graph, sname, cost, model_name=name, **opts)
                     n = resolve_stream_count(MAX_STREAMS, sched.max_concurrency())
                     base = {"sim:h100": sum_stage_costs(sched, graph, sim)}
