@@ -423,6 +423,33 @@ def summarize(data: Data) -> dict:
     return out
 
 
+def picks(data: Data) -> list[dict]:
+    """Would the model pick the right program? Per run and model (batch 1), the variant each predictor ranks
+    fastest, and how much slower that variant measured than the fastest measured one (0 % = the right pick).
+    Predictors: the held-out model, the sum of isolated stage costs (table models), sim:h100's schedule cost."""
+    out = []
+    groups: dict[tuple, list[dict]] = {}
+    for r in data.records:
+        if r["batch"] == 1:
+            groups.setdefault((r["run"], r["model"]), []).append(r)
+    for (run, model), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        best = min(r["measured_ms"] for r in rs)
+        row = {"run": run, "model": model, "variants": len(rs), "best_ms": best,
+               "best": min(rs, key=lambda r: r["measured_ms"])["variant"]}
+        for name, key in (("program model", lambda r: r.get("heldout_ms")),
+                          ("stage sum (table)", lambda r: r["baseline_ms"].get("table")),
+                          ("sim:h100", lambda r: r["baseline_ms"]["sim:h100"])):
+            if any(key(r) is None for r in rs):
+                continue
+            pick = min(rs, key=key)
+            row[name] = {"variant": pick["variant"], "measured_ms": pick["measured_ms"],
+                         "loss": pick["measured_ms"] / best - 1.0}
+        out.append(row)
+    return out
+
+
 def _pct(x) -> str:
     return "—" if x is None else f"{x * 100:+.0f}%"
 
@@ -543,6 +570,26 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
                  f"{tgt['median_abs'] * 100:.1f} %, worst {tgt['max_abs'] * 100:.0f} %; {tgt['within_10']} of "
                  f"{tgt['n']} variants within 10 %, {tgt['within_25']} within 25 %: "
                  f"{'met' if met else '**not met**'}.\n")
+    L.append("## Picking the program\n")
+    L.append("What a predictor is for: choosing, among the variants of one model (schedulers x modes x CUDA graph), "
+             "the one that runs fastest. Per run and model (batch 1): the variant each predictor ranks first and "
+             "how much slower it measured than the fastest measured variant (0 % = the right pick). The program "
+             "model's ranking uses its held-out predictions.\n")
+    L.append("| run | model | variants | fastest measured | program model (held out) | stage sum (table) | sim:h100 |\n"
+             "|---|---|---:|---|---|---|---|")
+    rows = picks(data)
+    for row in rows:
+        def cell(name):
+            c = row.get(name)
+            return "—" if c is None else f"{c['variant']}: +{c['loss'] * 100:.1f} %"
+        L.append(f"| {row['run']} | {row['model']} | {row['variants']} | {row['best']} ({row['best_ms']:.3f} ms) | "
+                 f"{cell('program model')} | {cell('stage sum (table)')} | {cell('sim:h100')} |")
+    for name in ("program model", "stage sum (table)", "sim:h100"):
+        losses = [row[name]["loss"] for row in rows if name in row]
+        if losses:
+            L.append(f"\n{name}: right pick in {sum(x <= 1e-9 for x in losses)} of {len(losses)}; mean loss "
+                     f"{np.mean(losses) * 100:.1f} %, worst {max(losses) * 100:.1f} %.")
+    L.append("")
     L.append("## Every variant (ms)\n")
     L.append("Runs: " + "; ".join(f"`{r.key}` = {r.file} ({r.note})" for r in RUNS) + ".\n")
     L.append("*held-out* of a batch-8 row: the transfer check (shipped parameters, one calibration per model). "
@@ -636,6 +683,7 @@ def main(argv=None) -> int:
                                                                 "loss": ev["all"].loss,
                                                                 "sim_scales": ev["all"].scales}),
                "folds": ev["folds"], "batch8_scales": ev["batch8_scales"], "summary": summary,
+               "picks": picks(data),
                "runs": [r.__dict__ for r in runs], "variants": data.records, "seconds": seconds}
         atomic.write_json(args.json, doc, indent=1)
         atomic.write_text(args.md, render_md(data, ev, summary, command, seconds))
