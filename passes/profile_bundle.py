@@ -243,7 +243,7 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
     ``out_dir/bundle.so`` and write ``out_dir/bundle.json``."""
     from .cuda_build import build_cuda
-    from .target import normalize_target
+    from .target import normalize_target, target_text
     from .target import device_kind
 
     t0 = time.perf_counter()
@@ -272,8 +272,7 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     export_library(ex, os.path.join(out_dir, LIBRARY))
     plan = {
         "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "model": graph.name,
-        "graph_fingerprint": graph.fingerprint(), "target": str(target.kind.name if device == "cpu" else
-                                                                  f"cuda -arch={target.attrs.get('arch')}"),
+        "graph_fingerprint": graph.fingerprint(), "target": target_text(target),
         "device": device, "library": LIBRARY, "num_streams": num_streams, "options": options.to_json(),
         "streams_function": STREAMS_FUNC, "tensors": tensors, "units": units, "stages": stages,
     }

@@ -157,3 +157,55 @@ def test_compile_command_says_target_what_shipped_and_which_memory(capsys):
     assert d["target"] == "llvm-generic" and d["shipped_because"]
     assert main(args + ["--target", "llvm -mcpu=nonsense"]) == 1
     assert "not a recognized processor" in capsys.readouterr().err
+
+
+def test_a_foreign_cost_table_is_refused_with_both_named(tmp_path):
+    import json
+
+    from passes.cost import get_cost_model
+    from passes.schedulers import schedule_graph
+    from passes.synthetic import synthetic_model
+    from runtime.errors import InteropError
+
+    import os
+
+    shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "gpu-data",
+                          "h100-2026-11-22", "costs_squeezenet_r2s3b8.json")
+
+    if not os.path.exists(shared):
+        pytest.skip("shared H100 data not here")
+    g = synthetic_model("inception_v3")
+    with pytest.raises(InteropError, match=r"measured for model 'squeezenet'.*this is model 'inception_v3'"):
+        schedule_graph(g, "greedy", f"table:{shared}", model_name="inception_v3")
+    table = get_cost_model(f"table:{shared}")
+    table.check_target("cuda -arch=sm_90")
+    with pytest.raises(InteropError, match=r"measured for 'cuda -arch=sm_90'; this build is for 'cuda -arch=sm_80'"):
+        table.check_target("cuda -arch=sm_80")
+    with pytest.raises(InteropError, match="not for 'llvm"):
+        table.check_target("llvm -mcpu=znver4")
+    d = json.load(open(shared))
+    d["tvm_version"] = "0.19.0"
+    d["graph_fingerprint"] = None
+    other = tmp_path / "old.json"
+    other.write_text(json.dumps(d))
+    with pytest.raises(InteropError, match=r"TVM 0.19.0, this is TVM 0.27"):
+        schedule_graph(g, "greedy", f"table:{other}")
+
+
+def test_a_table_missing_stages_says_how_many_were_composed(tmp_path):
+    """A table with units only: every concurrent stage is composed from the units, and the schedule says how many."""
+    import json
+
+    from passes.schedulers import schedule_graph
+    from passes.synthetic import synthetic_model
+
+    g = synthetic_model("squeezenet")
+    table = {"format": "tvm-interop-cost-table", "version": 1, "model": "squeezenet",
+             "graph_fingerprint": g.fingerprint(), "device": "test", "units": {u.name: 1e-5 for u in g.units},
+             "stages": []}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    s = schedule_graph(g, "greedy", f"table:{path}", max_streams=8)
+    assert s.max_concurrency() > 1
+    assert "stage costs the search asked for were not in the cost table" in s.search["cost_note"]
+    assert int(s.search["cost_note"].split()[0]) > 0

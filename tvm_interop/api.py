@@ -215,6 +215,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             cost = default_spec(device_kind)
         if measured:
             cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
+        elif isinstance(cost, str) and cost.startswith("table:"):
+            from passes.cost import get_cost_model
+
+            cost = get_cost_model(cost)
+            cost.check_target(target_text)   # measured on another GPU arch / device kind: refused, both named
         opts = dict(scheduler_options or {})
         if scheduler in ("greedy",):
             opts.setdefault("max_streams", max_streams)

@@ -65,11 +65,37 @@ class TableCostModel(CostModel):
     def device_fingerprint(self) -> str:
         return str(self.table.get("device", "table"))
 
-    def check_graph(self, graph: OpGraph) -> None:
+    def check_graph(self, graph: OpGraph, model_name: str = "") -> None:
+        """Refuse a table measured for another model or batch size (their graphs differ: the fingerprint covers
+        every unit's shapes) or with another TVM version (other kernels), naming both sides."""
         fp = self.table.get("graph_fingerprint")
         if fp and fp != graph.fingerprint():
-            raise InteropError(f"cost table {self.path} was measured for another model (graph fingerprint {fp}, this "
-                               f"model is {graph.fingerprint()}); build and measure a bundle for this model")
+            raise InteropError(f"cost table {self.path} was measured for model {self.table.get('model')!r} (graph "
+                               f"fingerprint {fp}); this is model {model_name or graph.name!r} (fingerprint "
+                               f"{graph.fingerprint()}): another model or batch size. Build and measure a bundle "
+                               "for this model")
+        import tvm
+
+        theirs = self.table.get("tvm_version")
+        if theirs and theirs != tvm.__version__:
+            raise InteropError(f"cost table {self.path} was measured with TVM {theirs}, this is TVM {tvm.__version__}: "
+                               "its kernels are other code; measure a bundle built with this TVM")
+
+    def check_target(self, target_text: str) -> None:
+        """Refuse a table measured for another target (another GPU arch or device kind), naming both."""
+        theirs = self.table.get("target")
+        if theirs and target_text and theirs.split()[0] == target_text.split()[0] and theirs != target_text:
+            raise InteropError(f"cost table {self.path} was measured for {theirs!r}; this build is for "
+                               f"{target_text!r}: measure a bundle built for this target")
+        if theirs and target_text and theirs.split()[0] != target_text.split()[0]:
+            raise InteropError(f"cost table {self.path} was measured for {theirs!r}, not for {target_text!r}")
+
+    def composed_report(self) -> str | None:
+        """How many stage costs were not in the table and were composed by the fallback (None: all were in it)."""
+        if not self.misses:
+            return None
+        return (f"{self.misses} of {self.hits + self.misses} stage costs the search asked for were not in the cost "
+                f"table {self.path} and were composed by the {self.fallback_spec!r} fallback")
 
     # ------------------------------------------------------------------ interface
     def unit_latency(self, unit: Unit) -> float:
@@ -109,7 +135,8 @@ class TableCostModel(CostModel):
         return max(sum(self.unit_latency(u) for u in g) for g in groups)
 
     def stats(self) -> dict:
-        return {"table": self.path, "hits": self.hits, "misses": self.misses, "fallback": self.fallback_spec}
+        return {"table": self.path, "hits": self.hits, "misses": self.misses, "fallback": self.fallback_spec,
+                "composed_from_fallback": self.misses}
 
 
 def _factory(arg: str | None = None, **kwargs) -> TableCostModel:

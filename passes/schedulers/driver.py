@@ -7,12 +7,16 @@ against the graph, so a schedule that leaves here is complete and safe to lower.
 """
 from __future__ import annotations
 
+import logging
+
 from ..contract import DEFAULT_GRANULARITY
 from ..cost import CostModel, get_cost_model
 from ..graph import OpGraph
 from ..schedule import Schedule
 from .latency import annotate_latency
 from .registry import get_scheduler
+
+log = logging.getLogger(__name__)
 
 
 def schedule_graph(
@@ -37,6 +41,9 @@ def schedule_graph(
     """
     sched = get_scheduler(scheduler)
     cost_model = get_cost_model(cost)
+    check_graph = getattr(cost_model, "check_graph", None)   # a measured table must be this model's
+    if check_graph is not None:
+        check_graph(graph, model_name)
     result = sched.schedule(graph, cost_model, max_block_size=max_block_size, unit_granularity=unit_granularity,
                             **options)
     search = result.stats.to_json()
@@ -56,5 +63,9 @@ def schedule_graph(
         units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in graph.units],
     )
     annotate_latency(schedule, graph, cost_model)
+    report = getattr(cost_model, "composed_report", None)
+    if report is not None and report():
+        log.warning("%s", report())
+        schedule.search["cost_note"] = report()
     schedule.validate(graph)
     return schedule
