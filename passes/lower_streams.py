@@ -148,7 +148,6 @@ def plan_streams(program: Program, schedule: Schedule, mode: str = "stage", num_
     """Decide streams, events and keep-alive releases for ``schedule`` (see the module docstring)."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
-    graph = program.graph
     ops: list[StreamOp] = []
     unit_stream: dict[str, int] = {}
     n_in = len(program.input_names)

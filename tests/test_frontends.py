@@ -129,7 +129,7 @@ def test_onnx_missing_file(tmp_path):
 
 
 def test_onnx_unsupported_operator():
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
     # Celu is a standard ONNX operator (opset 12) that TVM's Relax importer does not convert.

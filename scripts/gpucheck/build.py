@@ -47,7 +47,7 @@ def _structural_equal(a, b) -> bool:
     return bool(fn(a, b))
 
 
-def _merge(mods) -> "tvm.IRModule":
+def _merge(mods):
     import tvm
 
     funcs: dict = {}
