@@ -115,12 +115,17 @@ class Block:
 def frontier_blocks(graph: OpGraph, max_frontier: int = DEFAULT_MAX_FRONTIER,
                     max_states: int | None = DEFAULT_BLOCK_STATES) -> list[Block]:
     """Blocks of ``graph`` for an exact search (IOS's blocks): barriers where at most ``max_frontier`` tensors are
-    live, as few as keep every block within ``max_states`` down-sets.
+    live, as few as keep every block within ``max_states`` down-sets, and among those the ones that leave the
+    search the most freedom.
 
-    Every cut point is a barrier (it loses nothing). Between cut points, a block is grown along the topological
-    order and, once it would exceed ``max_states`` down-sets, cut at the last position with a frontier of at most
-    ``max_frontier`` (greedy furthest reach: the fewest barriers, so the least parallelism lost to them). A
-    stretch with no such position stays one block over the budget (the search then cuts it itself and says so).
+    Every cut point is a barrier (it loses nothing). Between two cut points, the barriers are chosen among the
+    positions with a frontier of at most ``max_frontier`` by a dynamic program over those positions that
+    minimises, in order: blocks over the budget, the number of blocks (each barrier loses the parallelism across
+    it), and then maximises the blocks' down-sets in total (each down-set is a state the exact search can end a
+    stage at). Measured (sim:h100, ios without guard): balancing the blocks instead (the smallest largest block)
+    cut the DP's work in half but lost 8 % on nasnet_a_large (2.920 vs 2.699 ms) and 10 % on nasnet_a_mobile
+    (1.039 vs 0.947 ms), its barriers falling inside cells. A stretch
+    with no such position inside stays one block over the budget (the search then cuts it itself and says so).
     ``max_states=None``: cut points only.
     """
     if max_frontier < 1:
@@ -129,30 +134,53 @@ def frontier_blocks(graph: OpGraph, max_frontier: int = DEFAULT_MAX_FRONTIER,
         raise InteropError(f"max_block_states must be >= 2, got {max_states}")
     n = len(graph)
     front = frontier_sizes(graph)
-    cuts = set(cut_points(graph))
-    counter = _DownSets(graph, max_states or 0)
+    stretch_ends = sorted(set(cut_points(graph)) | ({n - 1} if n else set()))
+    names = [u.name for u in graph.units]
     blocks: list[Block] = []
     start = 0
-    while start < n:
-        counter.reset()
-        end, last_ok = start, None
-        while end < n:
-            counter.add(end)
-            if max_states is not None and counter.count is None and last_ok is not None:
-                break
-            if end in cuts:
-                last_ok = end
-                break
-            if front[end] <= max_frontier:
-                last_ok = end
-            end += 1
-        stop = last_ok if last_ok is not None else n - 1
-        if end >= n:
-            stop = n - 1
-        counter.reset()
-        for v in range(start, stop + 1):
-            counter.add(v)
-        blocks.append(Block([graph.units[i].name for i in range(start, stop + 1)],
-                            counter.count if max_states is not None else None, front[stop]))
-        start = stop + 1
+    for end in stretch_ends:
+        if end < start:
+            continue
+        if max_states is None:
+            blocks.append(Block(names[start:end + 1], None, front[end]))
+        else:
+            for a, b, states in _balanced(graph, front, start, end, max_frontier, max_states):
+                blocks.append(Block(names[a:b + 1], states, front[b]))
+        start = end + 1
     return blocks
+
+
+def _balanced(graph: OpGraph, front: list[int], start: int, end: int, max_frontier: int,
+              max_states: int) -> list[tuple[int, int, int | None]]:
+    """(first, last, down-sets or None when over the budget) of the blocks of ``start..end`` (see
+    :func:`frontier_blocks`): the best of every choice of barriers at small frontiers."""
+    bounds = [start - 1] + [p for p in range(start, end) if front[p] <= max_frontier] + [end]
+    best: list[tuple | None] = [None] * len(bounds)
+    back: list[tuple[int, int | None] | None] = [None] * len(bounds)
+    best[0] = (0, 0, 0)
+    counter = _DownSets(graph, max_states)
+    for i in range(len(bounds) - 1):
+        if best[i] is None:
+            continue
+        counter.reset()
+        v = bounds[i] + 1
+        for j in range(i + 1, len(bounds)):
+            while v <= bounds[j]:
+                counter.add(v)
+                v += 1
+            states = counter.count
+            if states is None and j > i + 1:
+                break                       # longer blocks from i only grow
+            over, blocks, neg_states = best[i]
+            cand = (over + (states is None), blocks + 1, neg_states - (states or 0))
+            if best[j] is None or cand < best[j]:
+                best[j], back[j] = cand, (i, states)
+            if states is None:
+                break
+    out = []
+    j = len(bounds) - 1
+    while j > 0:
+        i, states = back[j]
+        out.append((bounds[i] + 1, bounds[j], states))
+        j = i
+    return out[::-1]

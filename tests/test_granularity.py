@@ -286,3 +286,46 @@ def test_zoo_models_scheduled_over_chains_match_plain_tvm(name):
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} {executor}/{mode}")
     finally:
         cm.close()
+
+
+def test_frontier_blocks_are_the_best_choice_of_barriers():
+    """Brute force over every set of small-frontier barriers (cut points always barriers; a block may exceed the
+    budget only when it holds no small-frontier position to cut at): the fewest blocks over the budget, then the
+    fewest blocks, then the most down-sets in total."""
+    import itertools
+
+    def key(blocks, g, budget, free=()):
+        over, total = 0, 0
+        for b in blocks:
+            sub = g.subgraph(b)
+            found = ideals(LocalDAG(sub, range(len(sub))), limit=budget)
+            if found is None and any(g.index[name] in free for name in b[:-1]):
+                return None                      # could have been cut: not a legal choice
+            over += found is None
+            total += len(found) if found is not None else 0
+        return (over, len(blocks), -total)
+
+    checked = 0
+    for g in _random(40, 5, 12, offset=900):
+        k, budget = 2, 6
+        front = frontier_sizes(g)
+        cuts = set(cut_points(g))
+        n = len(g)
+        free = [p for p in range(n - 1) if front[p] <= k and p not in cuts]
+        if len(free) > 10:
+            continue
+        best = None
+        for r in range(len(free) + 1):
+            for chosen in itertools.combinations(free, r):
+                ends = sorted(set(chosen) | cuts | {n - 1})
+                blocks, s = [], 0
+                for e in ends:
+                    blocks.append([u.name for u in g.units[s:e + 1]])
+                    s = e + 1
+                kk = key(blocks, g, budget, set(free))
+                if kk is not None:
+                    best = kk if best is None or kk < best else best
+        got = key([b.units for b in frontier_blocks(g, k, budget)], g, budget)
+        assert got == best, (g.name, got, best)
+        checked += 1
+    assert checked >= 20
