@@ -18,7 +18,6 @@ records the device fingerprint, so a table measured on one device is not mistake
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 
 from .cuda import STREAMS_FUNC, check_cuda_device
 from .errors import ExportError, InteropError
+from .json_file import read_json
 from .machine import cpu_identity
 
 TABLE_FORMAT = "tvm-interop-cost-table"
@@ -51,13 +51,7 @@ def device_fingerprint(kind: str, dev=None) -> str:
 
 def load_bundle(bundle_dir: str) -> dict:
     path = os.path.join(bundle_dir, "bundle.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            plan = json.load(f)
-    except OSError as e:
-        raise ExportError(f"cannot read {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{path} is not valid JSON: {e}") from None
+    plan = read_json(path, error=ExportError)
     if plan.get("format") != BUNDLE_FORMAT:
         raise ExportError(f"{path} is not a tvm-interop profiling bundle")
     return plan

@@ -66,6 +66,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from runtime.errors import InteropError
+from runtime.json_file import read_json
 
 PARAMS_FORMAT = "tvm-interop-program-cost"
 PARAMS_VERSION = 1
@@ -180,13 +181,7 @@ class ProgramCostParams:
 
     @staticmethod
     def load(path: str) -> ProgramCostParams:
-        try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
-        except OSError as e:
-            raise InteropError(f"cannot read program-cost parameters {path}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise InteropError(f"{path} is not valid JSON: {e}") from None
+        d = read_json(path, f"program-cost parameters {path}")
         # docs/gpu_cost_model.json holds the parameters under "model" next to the validation tables
         if isinstance(d, dict) and d.get("format") != PARAMS_FORMAT and isinstance(d.get("model"), dict):
             d = d["model"]
@@ -456,6 +451,17 @@ def _device(queues: list[list[tuple]], n_events: int, inter, trace: bool):
     future: list[tuple[float, int]] = []   # (issue time, stream) of idle streams whose next item is not issued
     spans: dict[str, tuple[int, float, float]] = {}
     push, pop = heapq.heappush, heapq.heappop
+
+    def run_kernel(s: int, it: tuple, now: float) -> None:
+        """Stream ``s`` starts kernel item ``it`` at ``now`` (after its gap, if it had one)."""
+        phase[s] = 2
+        rem[s] = it[2]
+        dem[s] = it[3]
+        cls[s] = it[6]
+        start[s] = now
+        names[s] = it[5]
+        running.append(s)
+
     t = 0.0
     dirty = list(range(S))
     while True:
@@ -500,13 +506,7 @@ def _device(queues: list[list[tuple]], n_events: int, inter, trace: bool):
                     pend[s] = it
                     delayed.append(s)
                 else:
-                    phase[s] = 2
-                    rem[s] = it[2]
-                    dem[s] = it[3]
-                    cls[s] = it[6]
-                    start[s] = t
-                    names[s] = it[5]
-                    running.append(s)
+                    run_kernel(s, it, t)
                 break
             head[s] = h
         if not running and not delayed and not future:
@@ -559,13 +559,7 @@ def _device(queues: list[list[tuple]], n_events: int, inter, trace: bool):
                     it = pend[s]
                     if it is not None:
                         pend[s] = None
-                        phase[s] = 2
-                        rem[s] = it[2]
-                        dem[s] = it[3]
-                        cls[s] = it[6]
-                        start[s] = tn
-                        names[s] = it[5]
-                        running.append(s)
+                        run_kernel(s, it, tn)
                     else:
                         phase[s] = 0
                         dirty.append(s)

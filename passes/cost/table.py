@@ -15,11 +15,11 @@ nothing to compose it from). Spec forms: ``table:costs.json``, ``table:costs.jso
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Sequence
 
 from runtime.errors import InteropError
+from runtime.json_file import read_json
 from runtime.profile_bundle import stage_key
 
 from ..graph import OpGraph, Unit
@@ -37,13 +37,7 @@ def _key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
 
 class TableCostModel(CostModel):
     def __init__(self, path: str, fallback: str = "units"):
-        try:
-            with open(path, encoding="utf-8") as f:
-                table = json.load(f)
-        except OSError as e:
-            raise InteropError(f"cannot read cost table {path}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise InteropError(f"cost table {path} is not valid JSON: {e}") from None
+        table = read_json(path, f"cost table {path}")
         if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
             raise InteropError(f"{path} is not a tvm-interop cost table (run python -m runtime.profile_bundle)")
         self.path = path
