@@ -24,25 +24,24 @@ def cut_points(graph: OpGraph) -> list[int]:
 
 def partition(graph: OpGraph, max_block_size: int | None = None) -> list[list[str]]:
     """Blocks as lists of unit names, in execution order; each block ends at a cut point (or the graph end)."""
-    if max_block_size is not None and max_block_size < 1:
+    return [b.units for b in split_large(frontier_blocks(graph, max_states=None), max_block_size)]
+
+
+def split_large(blocks: list["Block"], max_block_size: int | None) -> list["Block"]:
+    """``blocks`` with every block of more than ``max_block_size`` units cut in topological order (the barriers
+    inside it are not at small frontiers: the caller asked for small blocks)."""
+    if max_block_size is None:
+        return blocks
+    if max_block_size < 1:
         raise InteropError(f"max_block_size must be >= 1, got {max_block_size}")
-    cuts = set(cut_points(graph))
-    blocks: list[list[str]] = []
-    current: list[str] = []
-    for i, unit in enumerate(graph.units):
-        current.append(unit.name)
-        if i in cuts:
-            blocks.append(current)
-            current = []
-    if current:
-        blocks.append(current)
-    if max_block_size:
-        split: list[list[str]] = []
-        for b in blocks:
-            for k in range(0, len(b), max_block_size):
-                split.append(b[k:k + max_block_size])
-        blocks = split
-    return blocks
+    out = []
+    for b in blocks:
+        if len(b.units) <= max_block_size:
+            out.append(b)
+            continue
+        for k in range(0, len(b.units), max_block_size):
+            out.append(Block(b.units[k:k + max_block_size], None, 0))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- frontier blocks
@@ -144,13 +143,13 @@ def frontier_blocks(graph: OpGraph, max_frontier: int = DEFAULT_MAX_FRONTIER,
         if max_states is None:
             blocks.append(Block(names[start:end + 1], None, front[end]))
         else:
-            for a, b, states in _balanced(graph, front, start, end, max_frontier, max_states):
+            for a, b, states in _best_barriers(graph, front, start, end, max_frontier, max_states):
                 blocks.append(Block(names[a:b + 1], states, front[b]))
         start = end + 1
     return blocks
 
 
-def _balanced(graph: OpGraph, front: list[int], start: int, end: int, max_frontier: int,
+def _best_barriers(graph: OpGraph, front: list[int], start: int, end: int, max_frontier: int,
               max_states: int) -> list[tuple[int, int, int | None]]:
     """(first, last, down-sets or None when over the budget) of the blocks of ``start..end`` (see
     :func:`frontier_blocks`): the best of every choice of barriers at small frontiers."""

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Mapping
 from ..cost import CostModel
 from ..graph import OpGraph
 from ..contract import DEFAULT_GRANULARITY, chain_cost, check_granularity, contract_chains, expand_stages, identity
-from ..partition import DEFAULT_BLOCK_STATES, DEFAULT_MAX_FRONTIER, Block, frontier_blocks
+from ..partition import DEFAULT_BLOCK_STATES, DEFAULT_MAX_FRONTIER, Block, frontier_blocks, split_large
 from ..schedule import Stage
 from .options import Option, resolve_options
 from .result import SchedulerResult, SearchStats
@@ -88,13 +88,9 @@ class Scheduler(ABC):
         search_cost = chain_cost(cost, contraction)
         if self.whole_graph:
             blocks = [Block([u.name for u in search_graph.units], None, 0)]
-        elif self.exact_blocks:
-            blocks = frontier_blocks(search_graph, max_frontier, max_block_states)
         else:
-            blocks = frontier_blocks(search_graph, max_frontier, None)
-        if max_block_size:
-            blocks = [Block(b.units[k:k + max_block_size], None, 0) for b in blocks
-                      for k in range(0, len(b.units), max_block_size)]
+            budget = max_block_states if self.exact_blocks else None
+            blocks = split_large(frontier_blocks(search_graph, max_frontier, budget), max_block_size)
         stages: list[Stage] = []
         stats = SearchStats()
         unit_devices: dict[str, int] | None = None
