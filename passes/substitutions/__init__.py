@@ -1,0 +1,38 @@
+"""Graph substitutions on high-level Relax (issue 14, AutoGraph): rules that rewrite ``main`` into an
+equivalent graph with different parallelism, for a search over rewritten graphs + schedules.
+
+Use::
+
+    mod = ensure_unique_names(mod)
+    for m in find_matches(mod):            # Match(rule, nodes, params)
+        new = apply_match(mod, m)          # numerically proved on the region first (cached)
+
+Each rule module registers its rules in :data:`RULES` on import.
+"""
+from . import merge_convs  # noqa: F401  (registers rules)
+from .base import RULES, Match, Rule, apply_match, find_matches, register
+from .check import check_match, clear_check_cache, extract_region
+from .graph import (
+    Node,
+    SubstitutionError,
+    dataflow_nodes,
+    ensure_unique_names,
+    rewrite_main,
+)
+
+__all__ = [
+    "RULES",
+    "Match",
+    "Node",
+    "Rule",
+    "SubstitutionError",
+    "apply_match",
+    "check_match",
+    "clear_check_cache",
+    "dataflow_nodes",
+    "ensure_unique_names",
+    "extract_region",
+    "find_matches",
+    "register",
+    "rewrite_main",
+]

@@ -1,0 +1,315 @@
+"""Tests of the substitution library (passes/substitutions): the dataflow view, the rewrite primitive, the
+numeric proof, and every rule on random shapes (rewritten module vs original, built with TVM, 1e-5)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from passes.substitutions import (
+    RULES,
+    Match,
+    Node,
+    Rule,
+    SubstitutionError,
+    apply_match,
+    check_match,
+    clear_check_cache,
+    dataflow_nodes,
+    ensure_unique_names,
+    find_matches,
+    rewrite_main,
+)
+from passes.substitutions.check import _run
+
+op = relax.op
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+class Net:
+    """A tiny BlockBuilder wrapper for hand-made test graphs with seeded, fan-in scaled weights."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.bb = relax.BlockBuilder()
+
+    def w(self, *shape) -> relax.Expr:
+        fan_in = int(np.prod(shape[1:])) if len(shape) == 4 else shape[0]
+        return relax.const((self.rng.standard_normal(shape) / np.sqrt(fan_in)).astype("float32"))
+
+    def b(self, c: int, flat: bool = False) -> relax.Expr:
+        shape = (c,) if flat else (1, c, 1, 1)
+        return relax.const((0.1 * self.rng.standard_normal(shape)).astype("float32"))
+
+    def conv(self, x, cin, cout, k=(1, 1), stride=1, pad=0, dilation=1, bias=True, relu=True, groups=1,
+             name=None):
+        k = (k, k) if isinstance(k, int) else k
+        y = self.bb.emit(op.nn.conv2d(x, self.w(cout, cin // groups, *k), strides=stride, padding=pad,
+                                      dilation=dilation, groups=groups), name_hint=name or "")
+        if bias:
+            y = self.bb.emit(op.add(y, self.b(cout)))
+        if relu:
+            y = self.bb.emit(op.nn.relu(y))
+        return y
+
+
+def build(shape, body, seed: int = 0) -> tvm.IRModule:
+    """main(data: shape) with one dataflow block: ``body(net, data) -> result expr`` (a Tuple of vars gives a
+    tuple result)."""
+    net = Net(seed)
+    x = relax.Var("data", relax.TensorType(shape, "float32"))
+    with net.bb.function("main", [x]):
+        with net.bb.dataflow():
+            out = net.bb.emit_output(body(net, x))
+        net.bb.emit_func_output(out)
+    return net.bb.get()
+
+
+def run(mod, x):
+    return _run(mod, [x])
+
+
+def assert_same(mod, new, shape, tol=1e-5, seed=1):
+    x = np.random.default_rng(seed).standard_normal(shape).astype("float32")
+    ref, got = run(mod, x), run(new, x)
+    assert len(ref) == len(got)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def ops(mod) -> list[str]:
+    return [n.op for n in dataflow_nodes(mod)]
+
+
+def only(ms, rule):
+    return [m for m in ms if m.rule == rule]
+
+
+# ---------------------------------------------------------------------------------------------- the view
+def test_registry_and_interface():
+    assert {"merge_shared_input_convs"} <= set(RULES)
+    for name, r in RULES.items():
+        assert r.name == name and r.operators and r.legality
+        assert isinstance(r, Rule)
+        assert r.inverse_of is None or r.inverse_of in RULES
+
+
+def test_dataflow_nodes_and_flops():
+    def body(n, x):
+        a = n.conv(x, 4, 8, 3, pad=1, name="c")
+        p = n.bb.emit(op.nn.max_pool2d(a, pool_size=2, strides=2))
+        g = n.bb.emit(op.mean(p, axis=[2, 3]))
+        return op.matmul(g, n.w(8, 5))
+
+    mod = build((1, 4, 8, 8), body)
+    nodes = dataflow_nodes(mod)
+    assert [n.op for n in nodes] == ["relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.nn.max_pool2d",
+                                     "relax.mean", "relax.matmul"]
+    conv = nodes[0]
+    assert isinstance(conv, Node) and conv.name == "c" and conv.inputs == ("data",)
+    assert conv.shape == (1, 8, 8, 8) and conv.dtype == "float32"
+    assert conv.attrs["padding"] == (1, 1, 1, 1) and conv.attrs["groups"] == 1
+    assert conv.flops == 2 * 8 * 8 * 8 * 4 * 9
+    assert nodes[1].inputs == ("c",) and nodes[1].flops == 8 * 64  # constant bias left out
+    assert nodes[3].flops == 8 * 16 * 4
+    assert nodes[5].flops == 2 * 5 * 8
+    hash(conv)  # hashable (attrs are frozen)
+
+
+def _renamed(mod, rename: dict[str, str]) -> tvm.IRModule:
+    """``mod`` with some bindings' variables renamed (BlockBuilder itself never makes duplicate names, other
+    producers such as TVMScript or hand-built modules can)."""
+    from passes.substitutions.graph import _subst
+
+    f = mod["main"]
+    bb = relax.BlockBuilder()
+    vmap, new = {}, []
+    for b in f.body.blocks[0].bindings:
+        v = b.var
+        nv = type(v)(rename[v.name], v.ty) if v.name in rename else v
+        vmap[v] = nv
+        new.append(relax.VarBinding(nv, bb.normalize(_subst(b.value, vmap))))
+    body = relax.SeqExpr([relax.DataflowBlock(new)], _subst(f.body.body, vmap))
+    out = mod.clone()
+    out["main"] = relax.Function(f.params, body, f.ret_ty, attrs=f.attrs)
+    return out
+
+
+def test_ensure_unique_names():
+    def body(n, x):
+        a = n.bb.emit(op.nn.relu(x), name_hint="t")
+        b = n.bb.emit(op.nn.relu(a), name_hint="u")
+        c = n.bb.emit(op.add(a, b), name_hint="t_1")
+        return op.multiply(c, b)
+
+    mod = _renamed(build((1, 2, 3, 3), body), {"u": "t"})
+    assert [b.var.name for b in mod["main"].body.blocks[0].bindings][:3] == ["t", "t", "t_1"]
+    with pytest.raises(SubstitutionError, match="ensure_unique_names"):
+        dataflow_nodes(mod)
+    uniq = ensure_unique_names(mod)
+    nodes = dataflow_nodes(uniq)
+    assert [n.name for n in nodes][:3] == ["t", "t_2", "t_1"]
+    assert nodes[2].inputs == ("t", "t_2")
+    assert ensure_unique_names(uniq) is uniq
+    assert_same(mod, uniq, (1, 2, 3, 3))
+
+
+# ---------------------------------------------------------------------------------------------- rule 1
+def _shared_input_body(n, x):
+    a = n.conv(x, 6, 8, 1, name="a")
+    b = n.conv(x, 6, 4, 3, pad=1, name="b")
+    c = n.conv(x, 6, 5, (1, 3), pad=(0, 1), name="c")
+    d = n.conv(x, 6, 3, 5, pad=2, name="d")
+    e = n.conv(x, 6, 4, 3, pad=1, relu=False, name="e")    # other epilogue: not with a..d
+    f = n.conv(x, 6, 4, 3, stride=2, pad=1, name="f")      # other stride
+    cat = n.bb.emit(op.concat([a, b, c, d], axis=1))
+    return relax.Tuple([cat, n.bb.emit(op.add(e, e)), f])
+
+
+def test_merge_shared_input_convs_random():
+    mod = build((1, 6, 9, 9), _shared_input_body)
+    ms = only(find_matches(mod), "merge_shared_input_convs")
+    heads = sorted(tuple(n for n in m.nodes if n in "abcdef") for m in ms)
+    # maximal {a,b,c,d} + its 6 pairs; e and f have no partner
+    assert ("a", "b", "c", "d") in heads and len(heads) == 7
+    assert all(len(m.nodes) == 3 * len([n for n in m.nodes if n in "abcd"]) for m in ms)
+    big = next(m for m in ms if len(m.nodes) == 12)
+    new = apply_match(mod, big)
+    o = ops(new)
+    assert o.count("relax.nn.conv2d") == 3 and o.count("relax.split") == 1
+    assert_same(mod, new, (1, 6, 9, 9))
+    # the untouched nodes keep their names
+    assert {"e", "f"} <= {n.name for n in dataflow_nodes(new)}
+    pair = next(m for m in ms if len(m.nodes) == 6 and "d" in m.nodes and "c" in m.nodes)
+    assert_same(mod, apply_match(mod, pair), (1, 6, 9, 9))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_merge_shared_input_convs_strided_dilated(seed):
+    rng = np.random.default_rng(seed)
+    k1, k2 = int(rng.choice([1, 3])), 3
+    d = int(rng.choice([1, 2]))
+
+    def body(n, x):
+        a = n.conv(x, 3, 4, k1, stride=2, pad=d * (k1 // 2), dilation=d, bias=False, relu=False, name="a")
+        b = n.conv(x, 3, 6, k2, stride=2, pad=d * (k2 // 2), dilation=d, bias=False, relu=False, name="b")
+        return op.concat([b, a], axis=1)
+
+    mod = build((2, 3, 11, 11), body, seed)
+    ms = only(find_matches(mod), "merge_shared_input_convs")
+    assert len(ms) == 1 and ms[0].nodes == ("a", "b")
+    assert_same(mod, apply_match(mod, ms[0]), (2, 3, 11, 11))
+
+
+def test_merge_shared_input_convs_legality():
+    def body(n, x):
+        a = n.conv(x, 4, 4, 3, pad=0, name="a")          # valid 3x3: 5x5 output
+        b = n.conv(x, 4, 4, 1, pad=0, name="b")          # 1x1: 7x7 output -> different size
+        c = n.conv(x, 4, 4, 3, pad=1, groups=4, name="c")  # depthwise
+        e = n.conv(x, 4, 4, 3, pad=2, dilation=2, bias=False, name="e")  # dilation 2, no bias: alone
+        g = n.conv(x, 4, 4, 2, pad=1, dilation=2, name="g")  # 7x7, top padding 1 ...
+        h = n.conv(x, 4, 4, 1, pad=0, dilation=2, name="h")  # ... and 0: not a whole tap apart at dilation 2
+        return relax.Tuple([a, b, n.bb.emit(op.add(c, e)), g, h])
+
+    mod = build((1, 4, 7, 7), body)
+    assert only(find_matches(mod), "merge_shared_input_convs") == []
+    from passes.substitutions.chains import align_kernels, chain_at
+    from passes.substitutions.graph import DataflowGraph
+
+    g = DataflowGraph(mod)
+    assert "cannot be aligned" in align_kernels([chain_at(g, "g"), chain_at(g, "h")], (7, 7), (7, 7))
+    with pytest.raises(SubstitutionError, match="merge_shared_input_convs.*not a legal match"):
+        apply_match(mod, Match("merge_shared_input_convs", ("a", "b")), check=False)
+
+
+def test_match_key_and_within():
+    mod = build((1, 6, 9, 9), _shared_input_body)
+    assert find_matches(mod, rules=["merge_shared_input_convs"], within={"a", "b"}) == []  # epilogues outside
+    names = [n.name for n in dataflow_nodes(mod)]
+    chain = set(names[0:6])  # a, b and their bias add + relu (emitted right after each conv)
+    assert {"a", "b"} <= chain
+    ms = find_matches(mod, rules=["merge_shared_input_convs"], within=chain)
+    assert len(ms) == 1 and {"a", "b"} <= set(ms[0].nodes)
+    assert ms[0].key.startswith("merge_shared_input_convs:a,")
+    assert Match("r", ("x", "y"), (1, 2)).key == "r:x,y|1,2"
+
+
+# ---------------------------------------------------------------------------------------------- the check
+class _BadScale(Rule):
+    """A wrong rewrite: replaces a relu by relu(x) * 1.5 (breaks numerics, keeps shapes)."""
+
+    name = "bad_scale"
+    operators = ("relax.nn.relu",)
+    legality = "any relu"
+
+    def matches(self, g, allowed):
+        return [Match(self.name, (n,)) for n in g.order if g.op(n) == "relax.nn.relu"
+                and (allowed is None or n in allowed)]
+
+    def rewrite(self, g, match):
+        (n,) = match.nodes
+
+        def build_(em, get):
+            r = em.emit(op.nn.relu(get(g.inputs[n][0])))
+            return {n: em.emit(op.multiply(r, relax.const(np.float32(1.5))), replaces=n)}
+
+        return rewrite_main(g.mod, match.nodes, build_, rule=self.name)
+
+
+class _BadShape(_BadScale):
+    """A wrong rewrite: the replacement has another shape."""
+
+    name = "bad_shape"
+
+    def rewrite(self, g, match):
+        (n,) = match.nodes
+
+        def build_(em, get):
+            return {n: em.emit(op.mean(get(g.inputs[n][0]), axis=[1], keepdims=True), replaces=n)}
+
+        return rewrite_main(g.mod, match.nodes, build_, rule=self.name)
+
+
+def test_check_match_rejects_wrong_rewrites():
+    clear_check_cache()
+    mod = build((1, 4, 6, 6), lambda n, x: op.mean(n.conv(x, 4, 4, 3, pad=1), axis=[2, 3]))
+    bad = _BadScale()
+    (m,) = bad.find(mod)
+    with pytest.raises(SubstitutionError, match="bad_scale.*differs"):
+        check_match(mod, m, rule=bad)
+    with pytest.raises(SubstitutionError, match="bad_scale.*cached"):
+        check_match(mod, m, rule=bad)
+    with pytest.raises(SubstitutionError, match="bad_scale"):
+        apply_match(mod, m, rule=bad)
+    # without the check, the wrong module is produced (the check is what stops it)
+    assert "relax.multiply" in ops(apply_match(mod, m, check=False, rule=bad))
+    shp = _BadShape()
+    (m2,) = shp.find(mod)
+    with pytest.raises(SubstitutionError, match="bad_shape"):
+        check_match(mod, m2, rule=shp)
+    with pytest.raises(SubstitutionError, match="bad_shape"):
+        apply_match(mod, m2, check=False, rule=shp)
+
+
+def test_check_match_cache_by_structure(monkeypatch):
+    clear_check_cache()
+    import passes.substitutions.check as chk
+
+    calls = []
+    real = chk._run
+    monkeypatch.setattr(chk, "_run", lambda mod, xs: calls.append(1) or real(mod, xs))
+
+    def body(n, x):  # two identical inception-like branches on two different inputs
+        outs = []
+        for src in (x, n.bb.emit(op.nn.relu(x))):
+            outs.append(op.concat([n.conv(src, 4, 4, 1), n.conv(src, 4, 4, 3, pad=1)], axis=1))
+        return op.add(n.bb.emit(outs[0]), n.bb.emit(outs[1]))
+
+    mod = build((1, 4, 6, 6), body)
+    ms = only(find_matches(mod), "merge_shared_input_convs")
+    assert len(ms) == 2
+    for m in ms:
+        check_match(mod, m)
+    assert len(calls) == 2  # original + rewritten region, once
