@@ -89,7 +89,7 @@ def only(ms, rule):
 
 # ---------------------------------------------------------------------------------------------- the view
 def test_registry_and_interface():
-    assert {"merge_shared_input_convs"} <= set(RULES)
+    assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs"} <= set(RULES)
     for name, r in RULES.items():
         assert r.name == name and r.operators and r.legality
         assert isinstance(r, Rule)
@@ -313,3 +313,70 @@ def test_check_match_cache_by_structure(monkeypatch):
     for m in ms:
         check_match(mod, m)
     assert len(calls) == 2  # original + rewritten region, once
+
+
+# ---------------------------------------------------------------------------------------------- rule 2
+def test_merge_concat_convs_whole_and_partial():
+    def body(n, x):
+        a = n.conv(x, 5, 4, 1, name="a")
+        b = n.conv(x, 5, 6, 3, pad=1, name="b")
+        c = n.conv(x, 5, 3, 5, pad=2, name="c")
+        whole = n.bb.emit(op.concat([a, b, c], axis=1), name_hint="whole")
+        p = n.bb.emit(op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1), name_hint="pool")
+        d = n.conv(x, 5, 4, 3, pad=1, bias=False, name="d")
+        e = n.conv(x, 5, 2, 1, bias=False, name="e")
+        f = n.conv(x, 5, 2, 1, name="f")  # other epilogue: ends the run
+        part = n.bb.emit(op.concat([p, d, e, f], axis=1), name_hint="part")
+        return relax.Tuple([whole, part])
+
+    mod = build((1, 5, 7, 7), body)
+    ms = only(find_matches(mod), "merge_concat_convs")
+    assert len(ms) == 2
+    m_whole = next(m for m in ms if "whole" in m.nodes)
+    m_part = next(m for m in ms if "part" in m.nodes)
+    assert {"a", "b", "c"} <= set(m_whole.nodes) and len(m_whole.nodes) == 10
+    assert {"d", "e"} <= set(m_part.nodes) and "f" not in m_part.nodes
+    new = apply_match(mod, m_whole)
+    o = ops(new)
+    assert o.count("relax.concat") == 1 and "relax.split" not in o and o.count("relax.nn.conv2d") == 4
+    assert_same(mod, new, (1, 5, 7, 7))
+    new2 = apply_match(new, m_part)
+    assert ops(new2).count("relax.concat") == 1 and ops(new2).count("relax.nn.conv2d") == 3
+    assert_same(mod, new2, (1, 5, 7, 7))
+
+
+def test_merge_concat_convs_legality():
+    def body(n, x):
+        a = n.conv(x, 4, 4, 1, name="a")
+        b = n.conv(x, 4, 4, 1, name="b")
+        cat = n.bb.emit(op.concat([a, b], axis=1), name_hint="cat")  # a also read elsewhere
+        y = n.bb.emit(op.nn.relu(x))
+        c = n.conv(y, 4, 4, 1, name="c")
+        d = n.conv(x, 4, 4, 1, name="d")  # reads another tensor than c
+        cat2 = n.bb.emit(op.concat([c, d], axis=1), name_hint="cat2")
+        return relax.Tuple([cat, a, cat2])
+
+    mod = build((1, 4, 5, 5), body)
+    assert only(find_matches(mod), "merge_concat_convs") == []
+
+
+# ---------------------------------------------------------------------------------------------- rule 3
+@pytest.mark.parametrize("case", ["bias_both", "bias_one", "none"])
+def test_merge_added_convs(case):
+    def body(n, x):
+        y = n.bb.emit(op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1), name_hint="y")
+        z = n.bb.emit(op.multiply(y, relax.const(np.float32(0.5))), name_hint="z")
+        a = n.conv(y, 3, 6, 3, stride=2, pad=1, bias=case != "none", relu=False, name="a")
+        b = n.conv(z, 3, 6, 1, stride=2, bias=case == "bias_both", relu=False, name="b")
+        s = n.bb.emit(op.add(a, b), name_hint="s")
+        r = n.conv(x, 3, 6, 3, stride=2, pad=1, relu=True, name="r")  # a relu: not linear
+        t = n.conv(x, 3, 6, 1, stride=2, relu=False, name="t")
+        return relax.Tuple([s, n.bb.emit(op.add(r, t))])
+
+    mod = build((2, 3, 9, 9), body)
+    ms = only(find_matches(mod), "merge_added_convs")
+    assert len(ms) == 1 and {"a", "b", "s"} <= set(ms[0].nodes)
+    new = apply_match(mod, ms[0])
+    o = ops(new)
+    assert o.count("relax.nn.conv2d") == 3 and o.count("relax.concat") == 1
+    assert_same(mod, new, (2, 3, 9, 9))

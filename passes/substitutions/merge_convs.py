@@ -18,10 +18,10 @@ import numpy as np
 from tvm import relax
 
 from .base import Match, Rule, register
-from .chains import Alignment, Chain, align_kernels, chain_at
-from .graph import DataflowGraph, Emitter, rewrite_main
+from .chains import Alignment, Chain, align_kernels, chain_at, chain_ending_at
+from .graph import DataflowGraph, Emitter, op_attrs, rewrite_main
 
-__all__ = ["MergeSharedInputConvs", "emit_conv_chain"]
+__all__ = ["MergeAddedConvs", "MergeConcatConvs", "MergeSharedInputConvs", "emit_conv_chain"]
 
 #: the most members a shared-input group may have before only the maximal set (no pairs) is offered
 MAX_PAIR_GROUP = 8
@@ -121,3 +121,132 @@ class MergeSharedInputConvs(Rule):
             return {c.out: em.emit(relax.TupleGetItem(parts, i), replaces=c.out) for i, c in enumerate(chains)}
 
         return rewrite_main(g.mod, match.nodes, build, rule=self.name, prefix="msic_")
+
+
+def _concat_fields(g: DataflowGraph, name: str) -> list[str] | None:
+    """The field names of a 4-D ``concat(..., axis=1)`` whose fields are all bindings/params, else None."""
+    call = g.call(name)
+    if call is None or g.op(name) != "relax.concat" or not isinstance(call.args[0], relax.Tuple):
+        return None
+    shape = g.shape(name)
+    axis = op_attrs(call).get("axis")
+    if shape is None or len(shape) != 4 or axis not in (1, -3):
+        return None
+    fields = [g.name(f) if isinstance(f, relax.Var) else None for f in call.args[0].fields]
+    return None if any(f is None for f in fields) else fields
+
+
+@register
+class MergeConcatConvs(Rule):
+    name = "merge_concat_convs"
+    operators = ("relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.concat")
+    legality = ("a run of two or more consecutive fields of a 4-D concat along axis 1 are each the end of a "
+                "conv2d chain (constant OIHW weight, groups == 1, optional constant bias add and relu, each step "
+                "read only by the next) with the same input tensor, strides, dilation, dtype, output size and "
+                "epilogue, kernels alignable as in merge_shared_input_convs, and each field read only by the "
+                "concat and only once; offered: each maximal such run. The merged conv's output replaces the run "
+                "(the whole concat when the run covers it)")
+    inverse_of = None  # split_conv, once it exists
+
+    def matches(self, g: DataflowGraph, allowed: set[str] | None) -> list[Match]:
+        out = []
+        for n in g.order:
+            fields = _concat_fields(g, n)
+            if fields is None or (allowed is not None and n not in allowed):
+                continue
+            runs: list[list[Chain]] = []
+            prev_key = None
+            for f in fields:
+                c = chain_ending_at(g, f) if fields.count(f) == 1 and g.sole_user(f) == n else None
+                ok = _mergeable_conv(c) and (allowed is None or set(c.nodes) <= allowed)
+                key = _conv_key(g, c) if ok else None
+                if ok and key == prev_key:
+                    runs[-1].append(c)
+                elif ok:
+                    runs.append([c])
+                prev_key = key
+            for run in runs:
+                if len(run) >= 2 and isinstance(_align(g, run), Alignment):
+                    out.append(Match(self.name, g.sorted([n] + [m for c in run for m in c.nodes])))
+        return out
+
+    def rewrite(self, g: DataflowGraph, match: Match):
+        cat = next(n for n in match.nodes if g.op(n) == "relax.concat")
+        chains = _chains_of(g, match)
+        al = _align(g, chains)
+        assert isinstance(al, Alignment)
+        w, b = _merged_weights(chains, al)
+        fields = _concat_fields(g, cat)
+        first, last = fields.index(chains[0].out), fields.index(chains[-1].out)
+        whole = first == 0 and last == len(fields) - 1
+
+        def build(em: Emitter, get):
+            y = emit_conv_chain(em, get(chains[0].data), w, b, bool(chains[0].relu), chains[0].attrs, al.padding,
+                                last_replaces=cat if whole else None)
+            if not whole:
+                parts = [get(f) for f in fields[:first]] + [y] + [get(f) for f in fields[last + 1:]]
+                y = em.emit(relax.op.concat(parts, axis=1), replaces=cat)
+            return {cat: y}
+
+        return rewrite_main(g.mod, match.nodes, build, rule=self.name, prefix="mcc_")
+
+
+@register
+class MergeAddedConvs(Rule):
+    name = "merge_added_convs"
+    operators = ("relax.nn.conv2d", "relax.add")
+    legality = ("add(a, b) of two conv2d chains without relu (constant OIHW weights, groups == 1, optional "
+                "constant bias add read only by the conv), each read only by the add, the add not broadcasting; "
+                "equal strides, dilation, dtype and output shape; inputs of equal batch and spatial size; kernels "
+                "alignable as in merge_shared_input_convs. Result: conv2d(concat(x1, x2, axis=1), "
+                "concat(W1, W2, axis=1)) + (b1 + b2)")
+    inverse_of = None
+
+    def _pair(self, g: DataflowGraph, n: str) -> list[Chain] | None:
+        call = g.call(n)
+        if call is None or g.op(n) != "relax.add" or not all(isinstance(a, relax.Var) for a in call.args):
+            return None
+        a, b = (g.name(v) for v in call.args)
+        if a == b or a is None or b is None:
+            return None
+        chains = [chain_ending_at(g, v, epilogues={(), ("bias",)}) for v in (a, b)]
+        if not all(_mergeable_conv(c) for c in chains) or g.sole_user(a) != n or g.sole_user(b) != n:
+            return None
+        c1, c2 = chains
+        if not (g.shape(n) == g.shape(a) == g.shape(b) and g.sig(a)[1] == g.sig(b)[1]):
+            return None
+        if tuple(c1.attrs["strides"]) != tuple(c2.attrs["strides"]) or \
+                tuple(c1.attrs["dilation"]) != tuple(c2.attrs["dilation"]):
+            return None
+        s1, s2 = g.shape(c1.data), g.shape(c2.data)
+        if s1 is None or s2 is None or (s1[0],) + s1[2:] != (s2[0],) + s2[2:]:
+            return None
+        if not isinstance(_align(g, chains), Alignment):
+            return None
+        return chains
+
+    def matches(self, g: DataflowGraph, allowed: set[str] | None) -> list[Match]:
+        out = []
+        for n in g.order:
+            chains = self._pair(g, n)
+            if chains is None:
+                continue
+            nodes = [n] + [m for c in chains for m in c.nodes]
+            if allowed is None or set(nodes) <= allowed:
+                out.append(Match(self.name, g.sorted(nodes)))
+        return out
+
+    def rewrite(self, g: DataflowGraph, match: Match):
+        add = match.nodes[-1]  # it reads both chains, so it comes last
+        chains = self._pair(g, add)
+        al = _align(g, chains)
+        assert isinstance(al, Alignment)
+        w = np.concatenate([al.place(c.weight, i) for i, c in enumerate(chains)], axis=1)
+        biases = [c.bias_value for c in chains if c.bias_value is not None]
+        b = np.sum(biases, axis=0, dtype=np.float64).astype(biases[0].dtype) if biases else None
+
+        def build(em: Emitter, get):
+            x = em.emit(relax.op.concat([get(chains[0].data), get(chains[1].data)], axis=1))
+            return {add: emit_conv_chain(em, x, w, b, False, chains[0].attrs, al.padding, last_replaces=add)}
+
+        return rewrite_main(g.mod, match.nodes, build, rule=self.name, prefix="mac_")
