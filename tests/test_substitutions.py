@@ -89,7 +89,7 @@ def only(ms, rule):
 
 # ---------------------------------------------------------------------------------------------- the view
 def test_registry_and_interface():
-    assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs"} <= set(RULES)
+    assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs", "fuse_1x1_sequence"} <= set(RULES)
     for name, r in RULES.items():
         assert r.name == name and r.operators and r.legality
         assert isinstance(r, Rule)
@@ -380,3 +380,37 @@ def test_merge_added_convs(case):
     o = ops(new)
     assert o.count("relax.nn.conv2d") == 3 and o.count("relax.concat") == 1
     assert_same(mod, new, (2, 3, 9, 9))
+
+
+# ---------------------------------------------------------------------------------------------- rule 4
+@pytest.mark.parametrize("inner_bias,outer_bias,strides", [(True, True, (1, 1)), (False, True, (1, 2)),
+                                                           (True, False, (2, 1)), (False, False, (1, 1))])
+def test_fuse_1x1_sequence(inner_bias, outer_bias, strides):
+    def body(n, x):
+        a = n.conv(x, 6, 10, 1, stride=strides[0], bias=inner_bias, relu=False, name="inner")
+        b = n.conv(a, 10, 4, 1, stride=strides[1], bias=outer_bias, relu=True, name="outer")
+        c = n.conv(x, 6, 4, 1, bias=True, relu=True, name="lone")  # its user adds a nonlinearity
+        d = n.conv(c, 4, 4, 1, name="after_relu")
+        return relax.Tuple([b, d])
+
+    mod = build((1, 6, 7, 7), body)
+    ms = only(find_matches(mod), "fuse_1x1_sequence")
+    assert len(ms) == 1 and {"inner", "outer"} <= set(ms[0].nodes)
+    assert len(ms[0].nodes) == 2 + inner_bias + outer_bias
+    new = apply_match(mod, ms[0])
+    assert ops(new).count("relax.nn.conv2d") == 3 and ops(new).count("relax.nn.relu") == 3
+    assert_same(mod, new, (1, 6, 7, 7))
+
+
+def test_fuse_1x1_sequence_legality():
+    def body(n, x):
+        a = n.conv(x, 4, 4, 1, relu=False, name="a")
+        b = n.conv(a, 4, 4, 1, pad=1, relu=False, name="b")  # padded outer
+        c = n.conv(x, 4, 4, 1, relu=False, name="c")
+        d = n.conv(c, 4, 4, 1, relu=False, name="d")
+        e = n.bb.emit(op.nn.relu(c))                          # c read twice
+        f = n.conv(x, 4, 4, 3, pad=1, relu=False, name="f")
+        h = n.conv(f, 4, 4, 1, relu=False, name="h")         # inner 3x3
+        return relax.Tuple([b, d, e, h])
+
+    assert only(find_matches(build((1, 4, 5, 5), body)), "fuse_1x1_sequence") == []
