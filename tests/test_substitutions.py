@@ -89,7 +89,8 @@ def only(ms, rule):
 
 # ---------------------------------------------------------------------------------------------- the view
 def test_registry_and_interface():
-    assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs", "fuse_1x1_sequence"} <= set(RULES)
+    assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs", "fuse_1x1_sequence",
+            "merge_shared_input_matmuls"} <= set(RULES)
     for name, r in RULES.items():
         assert r.name == name and r.operators and r.legality
         assert isinstance(r, Rule)
@@ -414,3 +415,35 @@ def test_fuse_1x1_sequence_legality():
         return relax.Tuple([b, d, e, h])
 
     assert only(find_matches(build((1, 4, 5, 5), body)), "fuse_1x1_sequence") == []
+
+
+# ---------------------------------------------------------------------------------------------- rule 5
+def _dense(n, x, k, m, bias=True, relu=False, flat_bias=True, name=""):
+    y = n.bb.emit(op.matmul(x, n.w(k, m)), name_hint=name)
+    if bias:
+        b = n.b(m, flat=True)
+        y = n.bb.emit(op.add(y, b if flat_bias else relax.const(b.value.numpy().reshape(1, m))))
+    if relu:
+        y = n.bb.emit(op.nn.relu(y))
+    return y
+
+
+@pytest.mark.parametrize("shape", [(2, 12), (2, 3, 12)])
+def test_merge_shared_input_matmuls(shape):
+    def body(n, x):
+        a = _dense(n, x, 12, 5, relu=True, name="a")
+        b = _dense(n, x, 12, 7, relu=True, flat_bias=len(shape) == 2, name="b")
+        c = _dense(n, x, 12, 3, relu=True, name="c")
+        d = _dense(n, x, 12, 4, bias=False, name="d")  # other epilogue
+        return relax.Tuple([a, b, c, d])
+
+    mod = build(shape, body)
+    ms = only(find_matches(mod), "merge_shared_input_matmuls")
+    assert sorted(len(m.nodes) for m in ms) == [6, 6, 6, 9]  # 3 pairs + the maximal set
+    big = next(m for m in ms if len(m.nodes) == 9)
+    new = apply_match(mod, big)
+    o = ops(new)
+    assert o.count("relax.matmul") == 2 and o.count("relax.split") == 1
+    assert_same(mod, new, shape)
+    pair = next(m for m in ms if {"a", "c"} <= set(m.nodes))
+    assert_same(mod, apply_match(mod, pair), shape)

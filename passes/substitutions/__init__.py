@@ -9,7 +9,7 @@ Use::
 
 Each rule module registers its rules in :data:`RULES` on import.
 """
-from . import fuse, merge_convs  # noqa: F401  (import registers the rules)
+from . import fuse, matmuls, merge_convs  # noqa: F401  (import registers the rules)
 from .base import RULES, Match, Rule, apply_match, find_matches, register
 from .check import check_match, clear_check_cache, extract_region
 from .graph import (
