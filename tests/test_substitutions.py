@@ -90,7 +90,7 @@ def only(ms, rule):
 # ---------------------------------------------------------------------------------------------- the view
 def test_registry_and_interface():
     assert {"merge_shared_input_convs", "merge_concat_convs", "merge_added_convs", "fuse_1x1_sequence",
-            "merge_shared_input_matmuls"} <= set(RULES)
+            "merge_shared_input_matmuls", "split_conv", "split_matmul"} == set(RULES)
     for name, r in RULES.items():
         assert r.name == name and r.operators and r.legality
         assert isinstance(r, Rule)
@@ -447,3 +447,73 @@ def test_merge_shared_input_matmuls(shape):
     assert_same(mod, new, shape)
     pair = next(m for m in ms if {"a", "c"} <= set(m.nodes))
     assert_same(mod, apply_match(mod, pair), shape)
+
+
+# ---------------------------------------------------------------------------------------------- rule 6
+def test_split_conv_and_back():
+    def body(n, x):
+        a = n.conv(x, 3, 32, 3, pad=1, name="a")
+        b = n.conv(x, 3, 30, 3, pad=1, name="b")                       # too narrow
+        c = n.conv(x, 3, 33, 1, bias=False, relu=False, name="c")      # odd
+        d = n.conv(x, 3, 32, 3, pad=1, groups=1, bias=False, name="d")
+        return relax.Tuple([a, b, c, d])
+
+    mod = build((1, 3, 6, 6), body)
+    ms = only(find_matches(mod), "split_conv")
+    assert sorted(m.nodes[0] for m in ms) == ["a", "d"] and ms[0].params == (16, 16)
+    m = next(m for m in ms if m.nodes[0] == "a")
+    new = apply_match(mod, m)
+    o = ops(new)
+    assert o.count("relax.nn.conv2d") == 5 and o.count("relax.concat") == 1 and o.count("relax.nn.relu") == 4
+    assert_same(mod, new, (1, 3, 6, 6))
+    # the inverse merges the halves again
+    back = only(find_matches(new, rules=[RULES["split_conv"].inverse_of]), "merge_concat_convs")
+    assert len(back) == 1
+    again = apply_match(new, back[0])
+    assert ops(again).count("relax.nn.conv2d") == 4 and "relax.concat" not in ops(again)
+    assert_same(mod, again, (1, 3, 6, 6))
+    with pytest.raises(SubstitutionError, match="split_conv"):
+        apply_match(mod, Match("split_conv", m.nodes, (8, 24)), check=False)
+
+
+@pytest.mark.parametrize("shape", [(2, 8), (2, 3, 8)])
+def test_split_matmul(shape):
+    def body(n, x):
+        return relax.Tuple([_dense(n, x, 8, 40, relu=True, name="a"), _dense(n, x, 8, 20, name="b")])
+
+    mod = build(shape, body)
+    ms = only(find_matches(mod), "split_matmul")
+    assert len(ms) == 1 and ms[0].nodes[0] == "a" and ms[0].params == (20, 20)
+    new = apply_match(mod, ms[0])
+    assert ops(new).count("relax.matmul") == 3
+    assert_same(mod, new, shape)
+
+
+def test_onnx_gemm_after_fold_constants():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from passes.substitutions import fold_constants
+    from tvm_interop.frontends.onnx_import import from_onnx
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype("float32"), n)
+             for n, s in (("W", (32, 3, 3, 3)), ("B", (32,)), ("G", (64, 32)), ("GB", (64,)))]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "G", "GB"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits)
+    mod = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    # unfolded: the Gemm weight is a permute_dims binding, the conv bias a reshape binding
+    (m,) = find_matches(ensure_unique_names(mod), rules=["split_conv", "split_matmul"])
+    assert m.rule == "split_conv" and len(m.nodes) == 1
+    folded = fold_constants(mod)
+    ms = find_matches(folded, rules=["split_conv", "split_matmul"])
+    assert sorted((m.rule, len(m.nodes)) for m in ms) == [("split_conv", 3), ("split_matmul", 2)]
+    new = folded
+    for m in ms:
+        new = apply_match(new, find_matches(new, rules=[m.rule])[0])
+    assert_same(mod, new, (1, 3, 6, 6))

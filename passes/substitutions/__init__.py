@@ -9,7 +9,7 @@ Use::
 
 Each rule module registers its rules in :data:`RULES` on import.
 """
-from . import fuse, matmuls, merge_convs  # noqa: F401  (import registers the rules)
+from . import fuse, matmuls, merge_convs, split  # noqa: F401  (import registers the rules)
 from .base import RULES, Match, Rule, apply_match, find_matches, register
 from .check import check_match, clear_check_cache, extract_region
 from .graph import (
@@ -17,6 +17,7 @@ from .graph import (
     SubstitutionError,
     dataflow_nodes,
     ensure_unique_names,
+    fold_constants,
     rewrite_main,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "ensure_unique_names",
     "extract_region",
     "find_matches",
+    "fold_constants",
     "register",
     "rewrite_main",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "const_value",
     "dataflow_nodes",
     "ensure_unique_names",
+    "fold_constants",
     "output_signature",
     "rewrite_main",
     "tensor_sig",
@@ -408,6 +409,13 @@ def _rebuild(mod: tvm.IRModule, bindings: list, order: list, names: list[str], e
     out = mod.clone()
     out["main"] = new_main
     return out
+
+
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """``FoldConstant`` then :func:`ensure_unique_names`: frontends emit weights as ``reshape`` /
+    ``permute_dims`` of constants (ONNX ``Conv`` bias, ``Gemm`` with ``transB``); the rules need the folded
+    constant as the operator's argument to recognise a conv / dense layer."""
+    return ensure_unique_names(relax.transform.FoldConstant()(mod))
 
 
 def ensure_unique_names(mod: tvm.IRModule) -> tvm.IRModule:

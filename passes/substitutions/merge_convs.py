@@ -146,7 +146,7 @@ class MergeConcatConvs(Rule):
                 "epilogue, kernels alignable as in merge_shared_input_convs, and each field read only by the "
                 "concat and only once; offered: each maximal such run. The merged conv's output replaces the run "
                 "(the whole concat when the run covers it)")
-    inverse_of = None  # split_conv, once it exists
+    inverse_of = "split_conv"
 
     def matches(self, g: DataflowGraph, allowed: set[str] | None) -> list[Match]:
         out = []
