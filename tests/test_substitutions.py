@@ -517,3 +517,47 @@ def test_onnx_gemm_after_fold_constants():
     for m in ms:
         new = apply_match(new, find_matches(new, rules=[m.rule])[0])
     assert_same(mod, new, (1, 3, 6, 6))
+
+
+# ---------------------------------------------------------------------------------------------- the zoo
+ZOO_SMALL = {
+    "inception_v3": {"image_size": 75, "width": 0.125, "depth": 1},
+    "nasnet_a_mobile": {"image_size": 32, "width": 0.125, "depth": 1},
+    "squeezenet": {"image_size": 32, "width": 0.25},
+}
+
+
+@pytest.fixture(scope="module")
+def zoo_matches():
+    from tvm_interop.models import get_model
+
+    out = {}
+    for name, cfg in ZOO_SMALL.items():
+        mod = ensure_unique_names(get_model(name, **cfg))
+        out[name] = (mod, find_matches(mod))
+    return out
+
+
+def test_zoo_matches_found(zoo_matches):
+    rules = {name: {m.rule for m in ms} for name, (_, ms) in zoo_matches.items()}
+    assert {"merge_shared_input_convs", "merge_concat_convs", "split_conv", "split_matmul"} <= rules["inception_v3"]
+    assert {"merge_added_convs", "split_matmul"} <= rules["nasnet_a_mobile"]
+    assert {"merge_shared_input_convs", "merge_concat_convs", "split_conv"} <= rules["squeezenet"]
+    for name, (mod, ms) in zoo_matches.items():
+        assert len({m.key for m in ms}) == len(ms)
+        nodes = {n.name for n in dataflow_nodes(mod)}
+        assert all(set(m.nodes) <= nodes for m in ms), name
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_SMALL))
+def test_zoo_one_match_per_rule_keeps_outputs(name, zoo_matches):
+    mod, _ = zoo_matches[name]
+    new, applied = mod, []
+    for rule in RULES:
+        ms = find_matches(new, rules=[rule])
+        if ms:
+            new = apply_match(new, ms[len(ms) // 2])  # checked numerically on the region first
+            applied.append(rule)
+    assert len(applied) >= 2
+    shape = tuple(int(d) for d in mod["main"].params[0].ty.shape)
+    assert_same(mod, new, shape, tol=1e-4)
