@@ -346,6 +346,20 @@ def test_merge_concat_convs_whole_and_partial():
     assert_same(mod, new2, (1, 5, 7, 7))
 
 
+def test_merge_concat_convs_field_order():
+    def body(n, x):
+        a = n.conv(x, 3, 4, 1, name="a")
+        b = n.conv(x, 3, 5, 3, pad=1, name="b")
+        c = n.conv(x, 3, 6, 1, name="c")
+        return op.concat([c, a, b], axis=1)  # not program order
+
+    mod = build((1, 3, 5, 5), body)
+    (m,) = only(find_matches(mod), "merge_concat_convs")
+    new = apply_match(mod, m)
+    assert "relax.concat" not in ops(new)
+    assert_same(mod, new, (1, 3, 5, 5))
+
+
 def test_merge_concat_convs_legality():
     def body(n, x):
         a = n.conv(x, 4, 4, 1, name="a")
@@ -561,3 +575,46 @@ def test_zoo_one_match_per_rule_keeps_outputs(name, zoo_matches):
     assert len(applied) >= 2
     shape = tuple(int(d) for d in mod["main"].params[0].ty.shape)
     assert_same(mod, new, shape, tol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- rewriting
+def test_rewrite_moves_region_past_independent_bindings():
+    def body(n, x):
+        a = n.conv(x, 4, 4, 1, bias=False, relu=False, name="a")
+        y = n.bb.emit(op.nn.relu(x), name_hint="y")                  # defined after a, read by b
+        b = n.conv(y, 4, 4, 3, pad=1, bias=False, relu=False, name="b")
+        s = n.bb.emit(op.add(a, b), name_hint="s")
+        c = n.conv(x, 4, 4, 1, name="c")
+        u = n.bb.emit(op.multiply(c, c), name_hint="u")             # reads c before d exists
+        d = n.conv(x, 4, 4, 3, pad=1, name="d")
+        return relax.Tuple([s, u, d])
+
+    mod = build((1, 4, 5, 5), body)
+    for rule in ("merge_added_convs", "merge_shared_input_convs"):
+        (m,) = find_matches(mod, rules=[rule])
+        new = apply_match(mod, m)
+        names = [n.name for n in dataflow_nodes(new)]
+        assert {"y", "u"} <= set(names) and not set(m.nodes) & set(names)
+        assert_same(mod, new, (1, 4, 5, 5))
+
+
+def test_rewrite_rejects_non_convex_region():
+    from passes.substitutions.graph import DataflowGraph
+
+    def body(n, x):
+        a = n.bb.emit(op.nn.relu(x), name_hint="a")
+        b = n.bb.emit(op.nn.relu(a), name_hint="b")
+        return op.add(a, b)
+
+    mod = build((1, 2, 3, 3), body)
+    out = dataflow_nodes(mod)[-1].name
+    assert not DataflowGraph(mod).is_convex({"a", out})
+
+    def build_(em, get):
+        return {out: em.emit(op.add(get("data"), get("data")), replaces=out)}
+
+    with pytest.raises(SubstitutionError, match="my_rule.*convex"):
+        rewrite_main(mod, ["a", out], build_, rule="my_rule")
+    with pytest.raises(SubstitutionError, match="my_rule.*not an input"):
+        rewrite_main(mod, ["b", out], lambda em, get: {out: em.emit(op.add(get("b"), get("a")), replaces=out)},
+                     rule="my_rule")

@@ -112,8 +112,11 @@ def check_match(mod: tvm.IRModule, match: Match, rtol: float = 1e-5, atol: float
     ``atol + rtol * |reference|``. ``rule`` (an addition) checks an unregistered Rule object."""
     r = rule if rule is not None else rule_of(match)
     where = f"{r.name} on {list(match.nodes)}"
-    region = extract_region(mod, match.nodes)
-    key = (_signature(region, match), float(rtol), float(atol), id(r) if rule is not None else r.name)
+    try:
+        region = extract_region(mod, match.nodes)
+    except SubstitutionError as err:
+        raise SubstitutionError(f"{where}: {err}") from err
+    key = (_signature(region, match), float(rtol), float(atol), type(r).__module__, type(r).__qualname__, r.name)
     with _LOCK:
         if key in _CACHE:
             verdict = _CACHE[key]

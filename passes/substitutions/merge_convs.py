@@ -172,11 +172,11 @@ class MergeConcatConvs(Rule):
 
     def rewrite(self, g: DataflowGraph, match: Match):
         cat = next(n for n in match.nodes if g.op(n) == "relax.concat")
-        chains = _chains_of(g, match)
+        fields = _concat_fields(g, cat)
+        chains = sorted(_chains_of(g, match), key=lambda c: fields.index(c.out))  # concat order, not program order
         al = _align(g, chains)
         assert isinstance(al, Alignment)
         w, b = _merged_weights(chains, al)
-        fields = _concat_fields(g, cat)
         first, last = fields.index(chains[0].out), fields.index(chains[-1].out)
         whole = first == 0 and last == len(fields) - 1
 
