@@ -172,10 +172,10 @@ def _shared_input_body(n, x):
 def test_merge_shared_input_convs_random():
     mod = build((1, 6, 9, 9), _shared_input_body)
     ms = only(find_matches(mod), "merge_shared_input_convs")
-    heads = sorted(tuple(n for n in m.nodes if n in "abcdef") for m in ms)
+    heads = sorted(tuple(n for n in m.nodes if n in set("abcdef")) for m in ms)
     # maximal {a,b,c,d} + its 6 pairs; e and f have no partner
     assert ("a", "b", "c", "d") in heads and len(heads) == 7
-    assert all(len(m.nodes) == 3 * len([n for n in m.nodes if n in "abcd"]) for m in ms)
+    assert all(len(m.nodes) == 3 * len([n for n in m.nodes if n in set("abcd")]) for m in ms)
     big = next(m for m in ms if len(m.nodes) == 12)
     new = apply_match(mod, big)
     o = ops(new)

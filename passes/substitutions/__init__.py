@@ -3,11 +3,21 @@ equivalent graph with different parallelism, for a search over rewritten graphs 
 
 Use::
 
-    mod = ensure_unique_names(mod)
+    mod = fold_constants(mod)              # or ensure_unique_names(mod) when weights are constants already
     for m in find_matches(mod):            # Match(rule, nodes, params)
         new = apply_match(mod, m)          # numerically proved on the region first (cached)
 
-Each rule module registers its rules in :data:`RULES` on import.
+Rules (each module registers its rules in :data:`RULES` on import):
+
+* ``merge_convs``: ``merge_shared_input_convs``, ``merge_concat_convs``, ``merge_added_convs``
+* ``fuse``: ``fuse_1x1_sequence``
+* ``matmuls``: ``merge_shared_input_matmuls``
+* ``split``: ``split_conv``, ``split_matmul`` (the inverses, for an under-filled device)
+
+Layout: ``graph`` (the dataflow view, :class:`Node`, names, the one rewrite primitive :func:`rewrite_main`),
+``base`` (:class:`Match`, :class:`Rule`, the registry, :func:`apply_match`), ``check`` (the numeric proof),
+``chains`` (conv/matmul + bias + relu chains, kernel alignment). Compile time only: nothing here is needed to
+run a model.
 """
 from . import fuse, matmuls, merge_convs, split  # noqa: F401  (import registers the rules)
 from .base import RULES, Match, Rule, apply_match, find_matches, register
