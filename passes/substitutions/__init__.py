@@ -15,12 +15,14 @@ Rules (each module registers its rules in :data:`RULES` on import):
 * ``split``: ``split_conv``, ``split_matmul`` (the inverses, for an under-filled device)
 
 Layout: ``graph`` (the dataflow view, :class:`Node`, names, the one rewrite primitive :func:`rewrite_main`),
-``base`` (:class:`Match`, :class:`Rule`, the registry, :func:`apply_match`), ``check`` (the numeric proof),
+``base`` (:class:`Match`, :class:`Rule`, the registry), ``check`` (the numeric proof), ``apply``
+(:func:`apply_match`),
 ``chains`` (conv/matmul + bias + relu chains, kernel alignment). Compile time only: nothing here is needed to
 run a model.
 """
 from . import fuse, matmuls, merge_convs, split  # noqa: F401  (import registers the rules)
-from .base import RULES, Match, Rule, apply_match, find_matches, register
+from .apply import apply_match
+from .base import RULES, Match, Rule, find_matches, register
 from .check import check_match, clear_check_cache, extract_region
 from .graph import (
     Node,

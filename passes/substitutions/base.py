@@ -1,5 +1,5 @@
-"""The substitution interface: :class:`Match`, :class:`Rule`, the registry :data:`RULES`, and the two entry
-points the search uses, :func:`find_matches` and :func:`apply_match`.
+"""The substitution interface: :class:`Match`, :class:`Rule`, the registry :data:`RULES` and
+:func:`find_matches` (:func:`apply_match` lives in ``apply``, above the numeric check).
 
 A rule is found and applied by *name*: a :class:`Match` holds only names of main's bindings (plus hashable
 ``params``), so the search can keep, hash and compare matches across modules. ``apply`` re-derives
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import tvm
 
-from .graph import DataflowGraph, SubstitutionError, output_signature
+from .graph import DataflowGraph, SubstitutionError
 
-__all__ = ["RULES", "Match", "Rule", "apply_match", "find_matches", "register"]
+__all__ = ["RULES", "Match", "Rule", "find_matches", "register", "rule_of"]
 
 
 @dataclass(frozen=True)
@@ -116,31 +116,3 @@ def rule_of(match: Match) -> Rule:
     if match.rule not in RULES:
         raise SubstitutionError(f"unknown rule {match.rule!r} in match {match.key}")
     return RULES[match.rule]
-
-
-def apply_match(mod: tvm.IRModule, match: Match, check: bool = True, *, rule: Rule | None = None) -> tvm.IRModule:
-    """Apply ``match``; main's signature and result types must be unchanged. With ``check``, first prove the
-    rewrite numerically on the matched region (:func:`check_match`, cached by structure).
-
-    ``rule`` (an addition to the interface) applies an unregistered Rule object, e.g. one made in a test.
-    """
-    from .check import check_match
-
-    r = rule if rule is not None else rule_of(match)
-    where = f"{r.name} on {list(match.nodes)}"
-    if check:
-        check_match(mod, match, rule=r)
-    try:
-        new = r.apply(mod, match)
-    except SubstitutionError:
-        raise
-    except Exception as err:  # a TVM error while building the replacement
-        raise SubstitutionError(f"{where}: the rewrite failed: {type(err).__name__}: {err}") from err
-    before, after = output_signature(mod), output_signature(new)
-    if before != after:
-        raise SubstitutionError(f"{where}: main's result changed from {before} to {after}")
-    old_p = [(p.name, str(p.ty)) for p in mod["main"].params]
-    new_p = [(p.name, str(p.ty)) for p in new["main"].params]
-    if old_p != new_p:
-        raise SubstitutionError(f"{where}: main's parameters changed")
-    return new
