@@ -188,31 +188,61 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     if cuda_graph is None:
         cuda_graph = device_kind == "cuda"
     timings["load"] = time.perf_counter() - t0
+    if schedule is not None and not isinstance(schedule, Schedule):
+        schedule = Schedule.load(schedule)
+    if schedule is not None and schedule.search.get("substitutions"):
+        # an autograph schedule belongs to the rewritten model: rewrite this one the same way (each rule checked)
+        from passes.autograph.search import apply_substitutions
+
+        mod = apply_substitutions(mod, schedule.search["substitutions"])
+
+    def prepare_for_build(m):
+        p = prepare_program(m, target, name=model_name, cpu_schedule=cpu_schedule)
+        if tuning_db is not None:
+            import dataclasses
+
+            from passes.kernels.tuning import apply_database
+
+            p = dataclasses.replace(p, mod=apply_database(p.mod, target, tuning_db))
+        return p
+
     t = time.perf_counter()
-    program = prepare_program(mod, target, name=model_name, cpu_schedule=cpu_schedule)
+    program = base_program = prepare_for_build(mod)
     timings["prepare"] = time.perf_counter() - t
-    if tuning_db is not None:
-        import dataclasses
-
-        from passes.kernels.tuning import apply_database
-
-        t = time.perf_counter()
-        program = dataclasses.replace(program, mod=apply_database(program.mod, target, tuning_db))
-        timings["tuning_db"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
     from passes.search import is_timed_cost, search_schedule, timed_cost_model
 
     measured = is_timed_cost(cost)
+    if cost is None and schedule is None:
+        from passes.cost.registry import default_spec
+
+        cost = default_spec(device_kind)
     if schedule is not None:
-        sched = schedule if isinstance(schedule, Schedule) else Schedule.load(schedule)
+        sched = schedule
         sched.validate(program.graph)
         sched.check_device(device_kind, allow_mismatch=allow_device_mismatch)
-    else:
-        if cost is None:
-            from passes.cost.registry import default_spec
+    elif scheduler == "autograph":
+        from passes.autograph.driver import run_autograph
 
-            cost = default_spec(device_kind)
+        def cost_for(prog):
+            if measured:
+                cm = timed_cost_model(prog, target, cost, cache=cost_cache, batch=batch_size)
+                return cm, cm.close
+            if isinstance(cost, str) and cost.startswith("table:"):
+                from passes.cost import get_cost_model
+
+                cm = get_cost_model(cost)
+                cm.check_target(target_text)
+                return cm, lambda: None
+            return cost, lambda: None
+
+        found = run_autograph(mod, prepare=lambda m: program if m is mod else prepare_for_build(m),
+                              cost_for=cost_for, device_kind=device_kind, cost_spec=cost,
+                              options=scheduler_options, model_name=model_name, batch=batch_size,
+                              max_block_size=max_block_size, progress=log.info)
+        mod, program, sched = found.module, found.program, found.schedule
+    else:
         if measured:
             cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
         elif isinstance(cost, str) and cost.startswith("table:"):
@@ -241,16 +271,19 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     if guard is None:
         guard = measured
     if device_kind == "cpu" and predicted_guard and schedule is None:
-        sched = _unless_predicted_slower(sched, program.graph, model_name, batch_size)
+        sched = _unless_predicted_slower(sched, base_program.graph, model_name, batch_size)
+        if sched.scheduler == "sequential":   # the unrewritten model's sequential program ships
+            program = base_program
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
 
     built: dict = {}
 
-    def build(s):
+    def build(s, base=None):
         # merge stages (IOS's operator merge) are applied here: the schedule stays in its original form (it is
         # what is saved, and it applies to the original model); the merged program and schedule are what's built
-        prog, run_s = apply_merges(program, s, target=target) if has_merges(s) else (program, s)
+        base = base or program
+        prog, run_s = apply_merges(base, s, target=target) if has_merges(s) else (base, s)
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
@@ -265,14 +298,15 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         from passes.lower import make_plan as _plan
 
         t = time.perf_counter()
-        seq = schedule_graph(program.graph, "sequential", "unit", model_name=model_name, batch=batch_size)
-        merged = built["program"] is not program
+        # the baseline is the model as given: sequential over the unrewritten program (autograph rewrites it)
+        seq = schedule_graph(base_program.graph, "sequential", "unit", model_name=model_name, batch=batch_size)
+        merged = built["program"] is not base_program
         if not merged:
             times = compare_plans(library, {"scheduled": plan, "sequential": _plan(program, seq, mode=mode)},
                                   repeat=guard_repeat)
         else:  # merged kernels: the sequential baseline is the original model, in a library of its own
             merged_built = dict(built)
-            seq_plan, seq_library = build(seq)
+            seq_plan, seq_library = build(seq, base_program)
             built.update(merged_built)
             times = compare_libraries({"scheduled": (library, plan), "sequential": (seq_library, seq_plan)},
                                       repeat=guard_repeat)
@@ -287,6 +321,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             seq.search["shipped_because"] = (f"measured slower than sequential ({guard_result.scheduled_ms:.3f} vs "
                                               f"{guard_result.sequential_ms:.3f} ms)")
             sched = seq
+            program = base_program
             plan, library = (seq_plan, seq_library) if merged else build(sched)
             built.update(program=program, schedule=seq)
         else:

@@ -4,6 +4,11 @@
 tuple. Its body is a random DAG of conv (1x1 / 3x3, sometimes strided or depthwise), max/avg pooling, add,
 concat, relu and a dense head, with random channel counts and spatial sizes. Every seed gives the same model, so a
 failing seed printed by a test reproduces exactly: ``python -m tvm_interop.fuzz SEED`` prints it.
+
+``random_cell_model(seed)`` builds Inception/NASNet-like cells instead: branches of convolutions (1x1 / 3x3 / 5x5,
+sometimes two in a row) on one cell input, joined by a concat or an add, and a head of dense layers sharing the
+pooled features. Such graphs are full of the sites AutoGraph's substitutions rewrite (convs sharing an input,
+concatenated or added convs, 1x1 sequences, matmuls sharing an input), which ``random_model`` rarely makes.
 """
 from __future__ import annotations
 
@@ -99,6 +104,74 @@ def random_model(seed: int, max_nodes: int = 12):
         bb.emit_func_output(out)
     desc = f"seed {seed}: input {batch}x{c0}x{h0}x{h0}, ops {ops_used}"
     return bb.get(), desc
+
+
+def random_cell_model(seed: int, max_cells: int = 3):
+    """A random multi-branch CNN made of cells (Relax IRModule) and a description of it."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    op = relax.op
+    c0 = int(rng.integers(3, 9))
+    h0 = int(rng.choice([8, 11, 16]))
+    x = relax.Var("data", relax.TensorType((1, c0, h0, h0), "float32"))
+    desc: list[str] = []
+
+    def const(shape, scale):
+        return relax.const((rng.standard_normal(shape) * scale).astype("float32"))
+
+    def conv(t: _T, co: int, k: int, epilogue: tuple[bool, bool]) -> _T:
+        y = op.nn.conv2d(t.expr, const((co, t.c, k, k), np.sqrt(2.0 / (t.c * k * k))), padding=k // 2)
+        bias, relu = epilogue
+        if bias:
+            y = op.add(y, const((1, co, 1, 1), 0.1))
+        if relu:
+            y = op.nn.relu(y)
+        return _T(bb.emit(y), co, t.h, t.w)
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            cur = _T(x, c0, h0, h0)
+            for _ in range(int(rng.integers(1, max_cells + 1))):
+                join = "add" if rng.random() < 0.35 else "concat"
+                same_co = int(rng.integers(2, 13))
+                branches, kinds = [], []
+                for _b in range(int(rng.integers(2, 5))):
+                    co = same_co if join == "add" else int(rng.integers(2, 13))
+                    k = int(rng.choice([1, 1, 3, 3, 5]))
+                    epi = (bool(rng.random() < 0.8), bool(rng.random() < 0.7))
+                    if rng.random() < 0.3:   # a two-conv branch: a 1x1 reduction, then k x k
+                        mid = conv(cur, int(rng.integers(2, 9)), 1, epi)
+                        out = conv(mid, co, k, (True, False) if k == 1 else epi)
+                        kinds.append(f"1x1>{k}x{k}")
+                    else:
+                        out = conv(cur, co, k, epi)
+                        kinds.append(f"{k}x{k}")
+                    branches.append(out)
+                if join == "add":
+                    acc = branches[0]
+                    for b in branches[1:]:
+                        acc = _T(bb.emit(op.add(acc.expr, b.expr)), acc.c, acc.h, acc.w)
+                    cur = acc
+                else:
+                    cur = _T(bb.emit(op.concat([b.expr for b in branches], axis=1)), sum(b.c for b in branches),
+                             cur.h, cur.w)
+                desc.append(f"{join}({', '.join(kinds)})")
+                if cur.h >= 8 and rng.random() < 0.4:
+                    pooled = op.nn.max_pool2d(cur.expr, pool_size=2, strides=2)
+                    cur = _T(bb.emit(pooled), cur.c, cur.h // 2, cur.w // 2)
+                    desc.append("pool")
+            feat = bb.emit(op.mean(cur.expr, axis=[2, 3]))
+            heads = int(rng.integers(1, 4))
+            outs = []
+            for _h in range(heads):   # dense layers sharing the pooled features
+                classes = int(rng.integers(3, 11))
+                outs.append(bb.emit(op.add(op.matmul(feat, const((cur.c, classes), np.sqrt(1.0 / cur.c))),
+                                           const((classes,), 0.1))))
+            out = bb.emit_output(outs[0] if heads == 1 else relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get(), f"seed {seed}: input 1x{c0}x{h0}x{h0}, cells {desc}, {heads} dense heads"
 
 
 def random_input(mod, seed: int = 0) -> np.ndarray:

@@ -5,6 +5,10 @@ Examples::
     tvm-interop schedule nasnet_a_large --scheduler ios --cost sim:h100 --json
     tvm-interop schedule inception_v3 --scheduler hios --devices 2 --batch 32 -o schedule.json
     tvm-interop schedule synthetic:randwire --scheduler lios --cost sim:v100
+    tvm-interop schedule nasnet_a_mobile --scheduler autograph --cost sim:h100 --json
+
+``--scheduler autograph`` rewrites the model (equivalent substitutions, ``passes.substitutions``) and schedules
+each candidate with ``--inner-scheduler`` (default ios); it needs the model itself, not a synthetic graph.
 
 ``MODEL`` is a zoo model, an ``.onnx`` file, or ``synthetic:<name>`` (a TVM-free stand-in from
 ``passes.synthetic``: inception_v3, randwire, nasnet_a_large, squeezenet).
@@ -15,7 +19,7 @@ import time
 
 from .common import add_model_args, print_json, progress_logging, status
 
-SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive")
+SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive", "autograph")
 
 
 def register(sub) -> None:
@@ -52,6 +56,14 @@ def register(sub) -> None:
     p.add_argument("--window", type=int, default=None, metavar="W", help="hios: window size (default 4)")
     p.add_argument("--link-bandwidth", type=float, default=None, help="hios: bytes/s between devices (300e9)")
     p.add_argument("--max-block-size", type=int, default=None, help="cut blocks larger than this (driver)")
+    p.add_argument("--inner-scheduler", default=None, choices=SCHEDULERS[:-1],
+                   help="autograph: the scheduler of each candidate graph (default ios)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="autograph: candidates verified under the cost model (default 4)")
+    p.add_argument("--rules", default=None, metavar="R1,R2",
+                   help="autograph: only these substitution rules (default: all; see passes.substitutions.RULES)")
+    p.add_argument("--max-part-nodes", type=int, default=None, metavar="N",
+                   help="autograph: operators per subgraph of the flow partition (default 24)")
     p.add_argument("-o", "--output", default=None, help="write the schedule JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stages", action="store_true", help="print every stage")
@@ -90,6 +102,18 @@ def scheduler_options(args) -> dict:
     """The options the chosen scheduler understands, from the command line."""
     opts: dict = {}
     name = args.scheduler
+    if name == "autograph":   # the search's own options, then the options of the scheduler of each candidate
+        inner = getattr(args, "inner_scheduler", None) or "ios"
+        for key in ("top_k", "rules", "max_part_nodes"):
+            if getattr(args, key, None) is not None:
+                opts[key] = getattr(args, key)
+        opts["scheduler"] = inner
+        args.scheduler = inner
+        try:
+            opts.update(scheduler_options(args))
+        finally:
+            args.scheduler = "autograph"
+        return opts
     if name == "ios":
         opts["r"] = _value(args.r, 3)
         opts["s"] = _value(args.s, 8)
@@ -142,6 +166,8 @@ def run(args) -> int:
     status(args, f"loading {args.model} (batch {args.batch}) ...")
     t0 = time.perf_counter()
     timed = is_timed_cost(args.cost)
+    if args.scheduler == "autograph":
+        return _run_autograph(args, t0)
     if timed:  # stage costs come from the model's real kernels: prepare (legalize, fuse, CPU schedules) them
         if args.model.startswith("synthetic:"):
             raise InteropError(f"--cost {args.cost} times real kernels; synthetic graphs have none (use sim:...)")
@@ -166,6 +192,46 @@ def run(args) -> int:
         if timed:
             cost.close()
     wall = time.perf_counter() - t1
+    return _report(args, sched, graph, cost.device_fingerprint, opts, load_s, wall)
+
+
+def _run_autograph(args, t0: float) -> int:
+    """``--scheduler autograph``: the search needs the model (it rewrites it) and prepares every candidate."""
+    from passes.autograph.driver import run_autograph
+    from passes.cost import get_cost_model
+    from passes.search import is_timed_cost, timed_cost_model
+    from runtime.errors import InteropError
+    from tvm_interop.api import load_module, prepare_program
+
+    if args.model.startswith("synthetic:"):
+        raise InteropError("--scheduler autograph rewrites the model itself; a synthetic graph has no model "
+                           "(give a zoo model or an .onnx file)")
+    mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+    timed = is_timed_cost(args.cost)
+    fixed = None if timed else get_cost_model(args.cost)
+
+    def cost_for(program):
+        if timed:
+            cm = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch)
+            return cm, cm.close
+        return fixed, lambda: None
+
+    load_s = time.perf_counter() - t0
+    opts = scheduler_options(args)
+    fingerprint = args.cost if timed else fixed.device_fingerprint
+    status(args, f"autograph on {name} under {fingerprint} ...")
+    t1 = time.perf_counter()
+    with progress_logging(args):
+        result = run_autograph(mod, prepare=lambda m: prepare_program(m, "llvm", name=name), cost_for=cost_for,
+                               device_kind="cpu" if args.cost in ("sim:cpu", "measured") or timed else "cuda",
+                               cost_spec=args.cost if timed else fixed, options=opts, model_name=name,
+                               batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+    wall = time.perf_counter() - t1
+    return _report(args, result.schedule, result.program.graph, fingerprint, opts, load_s, wall)
+
+
+def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wall: float) -> int:
+    """Save and print a schedule (text or ``--json``)."""
     if args.output:
         sched.save(args.output)
     seq = sched.sequential_latency or 0.0
@@ -176,7 +242,7 @@ def run(args) -> int:
         "units": len(graph),
         "batch": args.batch,
         "scheduler": args.scheduler,
-        "cost": cost.device_fingerprint,
+        "cost": fingerprint,
         "options": {k: v for k, v in opts.items()},
         "predicted_ms": pred * 1e3,
         "sequential_ms": seq * 1e3,
@@ -190,6 +256,8 @@ def run(args) -> int:
         "blocks": search.get("blocks", []),
         "search": {k: search.get(k) for k in ("states", "transitions", "stages_costed", "seconds", "measurements",
                                               "cache_hits", "active_rounds", "learned_cv_error") if k in search},
+        "autograph": search.get("autograph"),
+        "substitutions": search.get("substitutions"),
         "load_seconds": load_s,
         "schedule_seconds": wall,
         "output": args.output,
@@ -198,7 +266,7 @@ def run(args) -> int:
         print_json(summary)
         return 0
     print(f"{sched.model_name}: {len(graph)} units, batch {args.batch}, scheduler {args.scheduler}, "
-          f"cost {cost.device_fingerprint}")
+          f"cost {fingerprint}")
     print(f"predicted {pred * 1e3:.3f} ms, sequential {seq * 1e3:.3f} ms, speedup {summary['speedup']:.3f}x; "
           f"{sched.num_stages} stages, up to {sched.max_concurrency()} concurrent groups, "
           f"{summary['merge_stages']} merge stages")
@@ -208,6 +276,14 @@ def run(args) -> int:
         states = [b["states"] for b in blocks if b["states"] is not None]
         print(f"{summary['schedule_units']} schedule units ({summary['unit_granularity']}) in {len(blocks)} blocks "
               f"(largest {max(sizes)} units" + (f", {max(states)} DP states" if states else "") + ")")
+    ag = summary["autograph"]
+    if ag:
+        rules = ", ".join(f"{k} x{v}" for k, v in sorted(ag["rules_applied"].items())) or "none"
+        unrewritten = ag.get("unrewritten_latency")
+        print(f"autograph: {ag['substitutions_applied']} substitutions ({rules}) over {ag['operators']} operators "
+              f"in {ag['parts']} subgraphs; {ag['states']} rewrite states, {ag['candidates']} candidates verified; "
+              f"{ag['scheduler']} alone: " + (f"{unrewritten * 1e3:.3f} ms" if unrewritten else "n/a")
+              + f"; {ag['total_s']:.1f} s")
     st = summary["search"]
     print(f"search: {st['states']} states, {st['transitions']} transitions, {st['stages_costed']} stage costs, "
           f"{wall:.2f} s" + (f"; {st['measurements']} stages timed, {st['cache_hits']} from the cache"
