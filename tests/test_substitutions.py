@@ -21,7 +21,8 @@ from passes.substitutions import (
     find_matches,
     rewrite_main,
 )
-from passes.substitutions.check import _run
+from passes.substitutions.check import _run_tvm
+from passes.substitutions.numpy_eval import Unsupported, evaluate
 
 op = relax.op
 
@@ -67,7 +68,8 @@ def build(shape, body, seed: int = 0) -> tvm.IRModule:
 
 
 def run(mod, x):
-    return _run(mod, [x])
+    """Rules are tested on TVM's builds (what ships), not on the proofs' numpy oracle."""
+    return _run_tvm(mod, [x])
 
 
 def assert_same(mod, new, shape, tol=1e-5, seed=1):
@@ -618,3 +620,46 @@ def test_rewrite_rejects_non_convex_region():
     with pytest.raises(SubstitutionError, match="my_rule.*not an input"):
         rewrite_main(mod, ["b", out], lambda em, get: {out: em.emit(op.add(get("b"), get("a")), replaces=out)},
                      rule="my_rule")
+
+
+# ---------------------------------------------------------------------------------------------- numpy oracle
+@pytest.mark.parametrize("seed", range(6))
+def test_numpy_oracle_equals_tvm_on_the_rules_operators(seed):
+    """The proofs' numpy oracle computes what TVM's build computes: conv2d with random strides, asymmetric
+    padding, dilation and groups, with bias, relu, split, concat and matmul after it."""
+    rng = np.random.default_rng(seed)
+    groups = int(rng.choice([1, 2, 4]))
+    cin, cout, k = 4 * groups, 4 * groups, int(rng.choice([1, 3, 5]))
+    attrs = dict(strides=tuple(int(s) for s in rng.integers(1, 3, 2)),
+                 padding=tuple(int(p) for p in rng.integers(0, 3, 4)),
+                 dilation=tuple(int(d) for d in rng.integers(1, 3, 2)), groups=groups)
+    shape = (int(rng.integers(1, 3)), cin, int(rng.integers(9, 14)), int(rng.integers(9, 14)))
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((cout, cin // groups, k, k)).astype("float32"))
+            y = bb.emit(op.nn.conv2d(x, w, **attrs))
+            y = bb.emit(op.nn.relu(op.add(y, relax.const(rng.standard_normal((1, cout, 1, 1)).astype("float32")))))
+            parts = bb.emit(op.split(y, [1, 3], axis=1))
+            cat = bb.emit(op.concat([relax.TupleGetItem(parts, 2), relax.TupleGetItem(parts, 0)], axis=1))
+            last = int(cat.ty.shape[-1])
+            m = bb.emit(op.matmul(cat, relax.const(rng.standard_normal((last, 3)).astype("float32"))))
+            out = bb.emit_output(relax.Tuple([m, y]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xi = rng.standard_normal(shape).astype("float32")
+    for got, ref in zip(evaluate(mod, [xi]), _run_tvm(mod, [xi])):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_oracle_refuses_what_it_does_not_implement():
+    """An operator outside the rules' set is not guessed at: the proof falls back to TVM's build."""
+    mod = build((1, 4, 6, 6), lambda n, x: op.nn.max_pool2d(n.conv(x, 4, 4, 3, pad=1), pool_size=2))
+    with pytest.raises(Unsupported, match="max_pool2d"):
+        evaluate(mod, [np.zeros((1, 4, 6, 6), "float32")])
+    import passes.substitutions.check as chk
+
+    xi = np.random.default_rng(0).standard_normal((1, 4, 6, 6)).astype("float32")
+    np.testing.assert_allclose(chk._run(mod, [xi])[0], _run_tvm(mod, [xi])[0], rtol=1e-6, atol=1e-6)
