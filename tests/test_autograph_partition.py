@@ -98,8 +98,30 @@ def test_estimate_fuses_epilogues_and_prices_parallel_branches_below_their_sum()
     assert est.group == [0, 0, 0, 1, 1, 0] and est.first == [True, False, False, True, False, False]
     assert (64 * 64 * 9,) in [t.shape for t in est.units[0].inputs]    # the weight, recovered from the FLOPs
     dev = SimulatedDevice("h100")
-    parallel = mixed_critical_path(est, dev, alpha=1.0)
     serial = sum(dev.unit_latency(u) for u in est.units)
-    assert parallel < serial
+    # the branch add is fused into c1's kernel, so that kernel waits for c2's: no overlap left
+    assert mixed_critical_path(est, dev, alpha=1.0) == pytest.approx(serial)
     assert mixed_critical_path(est, dev, alpha=0.0) <= serial
+    # joined by a concat instead (its own kernel), the two small convs overlap on the device
+    nodes = nodes[:5] + [_node("cat", "relax.concat", ["r1", "r2"], (1, 128, 32, 32), 0)]
+    est = estimate_kernels(nodes, {"x": (1, 64, 32, 32)})
+    assert len(est.units) == 3
+    convs = sum(dev.unit_latency(u) for u in est.units[:2])
+    parallel = mixed_critical_path(est, dev, alpha=1.0)
+    assert parallel < convs
     assert mixed_critical_path(est, dev, alpha=0.0) < mixed_critical_path(est, dev, alpha=1.0) * 2
+
+
+def test_estimate_sees_no_gain_in_splitting_a_kernel_that_fills_the_device():
+    """Two halves of a convolution that already fills the GPU share it: the split costs a launch more, where the
+    plain longest path would have priced the halves side by side at full speed."""
+    big = 2 * 256 * 64 * 64 * 256 * 9
+    whole = [_node("c", "relax.nn.conv2d", ["x"], (1, 256, 64, 64), big)]
+    halves = [_node("c1", "relax.nn.conv2d", ["x"], (1, 128, 64, 64), big // 2),
+              _node("c2", "relax.nn.conv2d", ["x"], (1, 128, 64, 64), big // 2),
+              _node("cat", "relax.concat", ["c1", "c2"], (1, 256, 64, 64), 0)]
+    dev = SimulatedDevice("h100")
+    shapes = {"x": (1, 256, 64, 64)}
+    for alpha in (0.0, 0.5, 1.0):
+        assert mixed_critical_path(estimate_kernels(halves, shapes), dev, alpha) > \
+            mixed_critical_path(estimate_kernels(whole, shapes), dev, alpha)

@@ -4,7 +4,9 @@ Why: AutoGraph searches substitution sequences per subgraph. Rewriting the whole
 search would rebuild a 1,000-binding function thousands of times; a region of a few dozen bindings, cut out with
 its inputs as parameters and every value the rest of the model reads as an output, rewrites in milliseconds.
 Outputs matter for legality: a value used outside the region is an output of the region's function, so a rule
-that requires "used only by ..." sees that use too, and a match legal in the region is legal in the model.
+that requires "used only by ..." sees that use too, and a match legal in the region is legal in the model --
+provided the region does not cut a conv/matmul chain between its head and its bias or ReLU (the chain would be
+shorter here than in the model); the partition keeps chains whole (``search.partition_keeping_chains``).
 Bound variables keep their names, so a match found in the region names the same nodes in the model.
 """
 from __future__ import annotations

@@ -7,7 +7,8 @@ over IOS. The search, as in the paper:
 
 1. **Flow-based partition** (:mod:`.flow_partition`): every node's capacity is the number of substitutions that
    touch it; the graph is cut recursively along minimum cuts into subgraphs of at most ``max_part_nodes`` nodes,
-   adjacent small ones merged back.
+   adjacent small ones merged back. A conv/matmul chain (with its bias and ReLU) is one node of that graph, so
+   a rule sees the same chain in a subgraph as in the model (:func:`partition_keeping_chains`).
 2. **Per subgraph, backtracking over substitution sequences** under the *mixed critical-path* cost
    (:mod:`.estimate`): the subgraph is cut out as a module of its own (:mod:`.region`); from each state every
    applicable substitution is tried (a sequence is a path; states reached by two orders are one, by structural
@@ -264,6 +265,43 @@ def replay(mod, steps: Sequence[Step], check: bool = False):
     return mod, applied
 
 
+def chain_heads(mod) -> dict[str, str]:
+    """Node -> the head of its conv/matmul chain (``passes.substitutions.chains``: the head, its bias add, its
+    ReLU, each read only by the next), for every node in such a chain."""
+    from ..substitutions.chains import chain_at
+    from ..substitutions.graph import DataflowGraph
+
+    g = DataflowGraph(mod)
+    head_of: dict[str, str] = {}
+    for n in g.order:
+        c = chain_at(g, n)
+        if c is not None:
+            for m in c.nodes:
+                head_of.setdefault(m, c.head)
+    return head_of
+
+
+def partition_keeping_chains(mod, names: Sequence[str], preds: dict[str, list[str]],
+                             matches: Sequence[Sequence[str]], max_part_nodes: int):
+    """The flow partition over chains: a conv/matmul chain is one node of the cut graph, so no cut separates a
+    convolution from its bias or ReLU. Why: the rules match whole chains; a chain cut at a subgraph boundary is
+    shorter in the subgraph than in the model (its tail is outside), so a match found there would not be the
+    model's match, and the subgraph's best sequence could not be replayed on the model. ``max_part_nodes``
+    counts chains."""
+    head = chain_heads(mod)
+    rep = {v: head.get(v, v) for v in names}
+    members: dict[str, list[str]] = {}
+    for v in names:
+        members.setdefault(rep[v], []).append(v)
+    reps = list(members)
+    cpreds = {r: sorted({rep[u] for v in members[r] for u in preds[v] if u in rep and rep[u] != r}) for r in reps}
+    cmatches = [sorted({rep[v] for v in m if v in rep}) for m in matches]
+    part = flow_partition(reps, cpreds, cmatches, max_part_nodes)
+    order = {v: i for i, v in enumerate(names)}
+    part.parts = [sorted((v for r in p for v in members[r]), key=order.__getitem__) for p in part.parts]
+    return part
+
+
 def autograph_search(mod: tvm.IRModule, *, prepare: Callable, schedule: Callable, device: SimulatedDevice,
                      rules: Sequence[str] | None = None, top_k: int = DEFAULT_TOP_K,
                      max_part_nodes: int = DEFAULT_MAX_NODES, max_states: int = DEFAULT_MAX_STATES,
@@ -289,7 +327,7 @@ def autograph_search(mod: tvm.IRModule, *, prepare: Callable, schedule: Callable
     names = [n.name for n in nodes]
     preds = {n.name: [i for i in n.inputs] for n in nodes}
     matches = find_matches(mod, rules=rules)
-    part = flow_partition(names, preds, [m.nodes for m in matches], max_part_nodes)
+    part = partition_keeping_chains(mod, names, preds, [m.nodes for m in matches], max_part_nodes)
     say(f"autograph: {len(nodes)} operators, {len(matches)} substitution sites, {len(part.parts)} subgraphs "
         f"({part.lost} sites lost at cuts)")
     t_part = time.perf_counter()
@@ -312,7 +350,13 @@ def autograph_search(mod: tvm.IRModule, *, prepare: Callable, schedule: Callable
     say(f"autograph: searched {sum(r.states for r in regions)} states in {t_search - t_part:.1f} s; verifying "
         f"{len(cands)} candidates")
     for c in cands:
-        c.module, c.applied = replay(mod, c.steps) if c.steps else (mod, [])
+        try:
+            c.module, c.applied = replay(mod, c.steps) if c.steps else (mod, [])
+        except InteropError as e:   # a subgraph's sequence that the whole model does not admit: never shipped
+            c.note = str(e)
+            log.warning("%s", e)
+            say(f"autograph: candidate with {len(c.steps)} substitutions dropped: {e}")
+            continue
         c.program = prepare(c.module)
         try:
             c.schedule = schedule(c.program)
