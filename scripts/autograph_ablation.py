@@ -35,7 +35,8 @@ MODELS = ["inception_v3", "nasnet_a_mobile", "nasnet_a_large", "googlenet", "squ
 
 def apply_everywhere(mod, rule: str):
     """``mod`` with ``rule`` applied at every site, largest match first, until none applies; (module, count).
-    Only sites made of the model's own operators count, so a split is not split again."""
+    Only sites made of the model's own operators count, so a split is not split again. Each pass applies every
+    match found at its start (a match an earlier one overlapped fails its legality check and is skipped)."""
     from passes.substitutions import SubstitutionError, apply_match, dataflow_nodes, find_matches
 
     original = {n.name for n in dataflow_nodes(mod)}
@@ -44,14 +45,16 @@ def apply_everywhere(mod, rule: str):
     while True:
         matches = [m for m in find_matches(mod, rules=[rule])
                    if (m.rule, m.nodes, m.params) not in failed and set(m.nodes) <= original]
-        if not matches:
+        applied = 0
+        for m in sorted(matches, key=lambda m: -len(m.nodes)):
+            try:
+                mod = apply_match(mod, m, check=True)
+                applied += 1
+            except SubstitutionError:
+                failed.add((m.rule, m.nodes, m.params))
+        count += applied
+        if not applied:
             return mod, count
-        m = max(matches, key=lambda m: len(m.nodes))
-        try:
-            mod = apply_match(mod, m, check=True)
-            count += 1
-        except SubstitutionError:
-            failed.add((m.rule, m.nodes, m.params))
 
 
 def price(mod, name: str, cost: str) -> dict:

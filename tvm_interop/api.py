@@ -131,8 +131,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
-    ``scheduler``: ``sequential``, ``greedy``, ``ios``, ``lios``, ``hios``, ``exhaustive``; or pass a ready
-    ``schedule`` (a Schedule or a path to a schedule JSON), which is checked against the model.
+    ``scheduler``: ``sequential``, ``greedy``, ``ios``, ``lios``, ``hios``, ``exhaustive``, or ``autograph``
+    (equivalent graph substitutions searched with the schedule: ``passes.autograph``; each candidate graph is
+    scheduled by ``scheduler_options["scheduler"]``, default ``ios``, and the best ships); or pass a ready
+    ``schedule`` (a Schedule or a path to a schedule JSON), which is checked against the model (an autograph
+    schedule carries its substitutions and rewrites the model the same way, each one proved again).
     ``cost``: cost model spec for the scheduler (``"sim:cpu"``, ``"sim:h100"``, ...); default: a simulated
     preset for the target when available.
     ``executor``: ``threads`` (CPU worker threads, CPU default) or ``vm`` (Relax VM with streams).

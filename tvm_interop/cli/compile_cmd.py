@@ -13,7 +13,8 @@ def register(sub) -> None:
     p.add_argument("--arch", default=None,
                    help="CUDA targets: GPU arches to carry binaries for, e.g. sm_80,sm_90 (default: the target's, "
                         "sm_90)")
-    p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios | autograph (substitutions + ios) (default greedy)")
+    p.add_argument("--scheduler", default="greedy", help="sequential | greedy | ios | lios | hios | autograph (substitutions + ios) "
+                        "(default greedy)")
     p.add_argument("--cost", default=None,
                    help="cost model for the scheduler: sim:cpu | sim:h100 | ... | table:FILE | measured (stages timed "
                         "on this CPU) | learned[:rounds=N] (XGBoost on timed stages); timed costs turn the "

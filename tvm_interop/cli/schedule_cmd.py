@@ -63,7 +63,8 @@ def register(sub) -> None:
     p.add_argument("--rules", default=None, metavar="R1,R2",
                    help="autograph: only these substitution rules (default: all; see passes.substitutions.RULES)")
     p.add_argument("--max-part-nodes", type=int, default=None, metavar="N",
-                   help="autograph: operators per subgraph of the flow partition (default 24)")
+                   help="autograph: chains (a conv with its bias and ReLU is one) per subgraph of the flow "
+                        "partition (default 24)")
     p.add_argument("-o", "--output", default=None, help="write the schedule JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stages", action="store_true", help="print every stage")
