@@ -206,7 +206,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
 
             from passes.kernels.tuning import apply_database
 
+            t_db = time.perf_counter()
             p = dataclasses.replace(p, mod=apply_database(p.mod, target, tuning_db))
+            timings["tuning_db"] = timings.get("tuning_db", 0.0) + time.perf_counter() - t_db
         return p
 
     t = time.perf_counter()
