@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from runtime.cuda import MAIN_FUNC, MAIN_GRAPH_FUNC
-from runtime.errors import InteropError
+from tvm_interop.runtime.cuda import MAIN_FUNC, MAIN_GRAPH_FUNC
+from tvm_interop.runtime.errors import InteropError
 
 from .cuda_build import KILL_PASS, CudaBuildReport, cuda_pipeline_passes, insert_after
 from .target import normalize_target

@@ -13,8 +13,8 @@ import time
 import tvm
 from tvm import relax
 
-from runtime.model import CONSTANTS_FUNC, PLAN_FUNC
-from runtime.plan import ExecutionPlan
+from tvm_interop.runtime.model import CONSTANTS_FUNC, PLAN_FUNC
+from tvm_interop.runtime.plan import ExecutionPlan
 
 from .extract import Program
 from .schedule import Schedule

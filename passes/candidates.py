@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import tvm
 
-from runtime.cuda import (FREE_STREAMS_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
-from runtime.errors import InteropError
+from tvm_interop.runtime.cuda import (FREE_STREAMS_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
+from tvm_interop.runtime.errors import InteropError
 
 from .extract import Program
 from .lower_streams import MODES, Lowered, lower_program

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from .cost import CostModel
 from .graph import OpGraph, Unit

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from runtime.cuda import COPY_FUNC, MAIN_GRAPH_FUNC
-from runtime.errors import InteropError
+from tvm_interop.runtime.cuda import COPY_FUNC, MAIN_GRAPH_FUNC
+from tvm_interop.runtime.errors import InteropError
 
 from .target import normalize_target, requested_arches
 

@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ def export_cuda_library(library, path: str, arches: list[str]) -> None:
     """Export a CUDA executable with fatbins (one cubin per arch) instead of CUDA source (atomic write)."""
     import tvm_ffi
 
-    from runtime.model import export_library
+    from tvm_interop.runtime.model import export_library
 
     sources = cuda_sources(library)
     lib = getattr(library, "mod", library)

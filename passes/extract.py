@@ -13,8 +13,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from runtime.errors import UnsupportedModelError
-from runtime.plan import Ref
+from tvm_interop.runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.plan import Ref
 
 from .graph import OpGraph, TensorInfo, Unit
 

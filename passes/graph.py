@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from runtime.errors import GraphError
+from tvm_interop.runtime.errors import GraphError
 
 
 @dataclass(frozen=True)

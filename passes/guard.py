@@ -44,8 +44,8 @@ def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int =
 
     import tvm
 
-    from runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
-    from runtime.thread_executor import ThreadExecutor
+    from tvm_interop.runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
+    from tvm_interop.runtime.thread_executor import ThreadExecutor
 
     any_plan = next(iter(runs.values()))[1]
     rng = np.random.default_rng(seed)

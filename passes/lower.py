@@ -7,8 +7,8 @@ stream-lowered Relax program (part 2) is in ``passes.lower_streams``.
 """
 from __future__ import annotations
 
-from runtime.errors import ScheduleError
-from runtime.plan import Call, ExecutionPlan, Ref, assign_storage
+from tvm_interop.runtime.errors import ScheduleError
+from tvm_interop.runtime.plan import Call, ExecutionPlan, Ref, assign_storage
 
 from .extract import Program
 from .schedule import MERGE, Schedule

@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_FUNC,
+from tvm_interop.runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_FUNC,
                           MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
-from runtime.errors import InteropError, ScheduleError
+from tvm_interop.runtime.errors import InteropError, ScheduleError
 
 from .extract import Program
 from .schedule import MERGE, Schedule

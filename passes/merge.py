@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime.errors import InteropError, ScheduleError
+from tvm_interop.runtime.errors import InteropError, ScheduleError
 
 from .graph import Unit
 from .schedule import CONCURRENT, MERGE, Schedule, Stage

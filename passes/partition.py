@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from .graph import OpGraph
 

@@ -15,7 +15,7 @@ import time
 import tvm
 from tvm import relax
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 from .target import normalize_target
 

@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from runtime.cuda import DL_DEVICE_TYPE, STREAMS_FUNC
-from runtime.errors import InteropError
-from runtime.profile_bundle import stage_key
+from tvm_interop.runtime.cuda import DL_DEVICE_TYPE, STREAMS_FUNC
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.profile_bundle import stage_key
 
 from .cost.base import CostModel
 from .extract import Program
@@ -267,7 +267,7 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     else:
         ex = tvm.compile(mod, target)
     os.makedirs(out_dir, exist_ok=True)
-    from runtime.model import export_library
+    from tvm_interop.runtime.model import export_library
 
     export_library(ex, os.path.join(out_dir, LIBRARY))
     plan = {

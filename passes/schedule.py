@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from runtime.errors import ScheduleError, ScheduleFileError
+from tvm_interop.runtime.errors import ScheduleError, ScheduleFileError
 
 from .graph import OpGraph
 
@@ -262,6 +262,6 @@ def concatenate(parts: Sequence[list[Stage]]) -> list[Stage]:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write to a temporary file in the same folder, then rename over the target."""
-    from runtime import atomic
+    from tvm_interop.runtime import atomic
 
     atomic.write_text(path, text)

@@ -7,7 +7,7 @@ the CLI and the ``passes.pipeline`` pass all come through here, so a spec means 
 """
 from __future__ import annotations
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 def is_timed_cost(spec) -> bool:

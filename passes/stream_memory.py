@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from runtime.cuda import CURRENT_STREAM_FUNC, MAIN_FUNC
-from runtime.errors import InteropError
+from tvm_interop.runtime.cuda import CURRENT_STREAM_FUNC, MAIN_FUNC
+from tvm_interop.runtime.errors import InteropError
 
 MAIN_STREAM = "main"
 GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
@@ -293,7 +293,7 @@ class _Replay:
                 self.builtin(var, str(value.args[0].global_symbol), value.args[1])
             elif name == "relax.call_tir":
                 raise InteropError("check_stream_memory_safety needs the memory-planned module (call_tir left: check "
-                                   "passes.as_built.as_built_ir(mod, target))")
+                                   "tvm_interop.passes.as_built.as_built_ir(mod, target))")
             return
         if isinstance(op, relax.ExternFunc):
             sym = str(op.global_symbol)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from .graph import OpGraph, TensorInfo, Unit
 

@@ -25,7 +25,7 @@ import shlex
 
 import tvm
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
 ARCH_RE = re.compile(r"^sm_(\d)(\d+)$")

@@ -37,7 +37,7 @@ def apply_everywhere(mod, rule: str):
     """``mod`` with ``rule`` applied at every site, largest match first, until none applies; (module, count).
     Only sites made of the model's own operators count, so a split is not split again. Each pass applies every
     match found at its start (a match an earlier one overlapped fails its legality check and is skipped)."""
-    from passes.substitutions import SubstitutionError, apply_match, dataflow_nodes, find_matches
+    from tvm_interop.passes.substitutions import SubstitutionError, apply_match, dataflow_nodes, find_matches
 
     original = {n.name for n in dataflow_nodes(mod)}
     count = 0
@@ -59,9 +59,9 @@ def apply_everywhere(mod, rule: str):
 
 def price(mod, name: str, cost: str) -> dict:
     """Kernels, and sequential / ios latency: predicted by ``cost`` and as whole programs (program model)."""
-    from passes.cost import get_cost_model
-    from passes.cost.program import ProgramCostModel
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.cost.program import ProgramCostModel
+    from tvm_interop.passes.schedulers import schedule_graph
     from tvm_interop.api import prepare_program
 
     program = prepare_program(mod, "llvm", name=name, cpu_schedule=False)
@@ -77,7 +77,7 @@ def price(mod, name: str, cost: str) -> dict:
 
 
 def run(args) -> dict:
-    from passes.substitutions import RULES, ensure_unique_names
+    from tvm_interop.passes.substitutions import RULES, ensure_unique_names
     from tvm_interop.api import load_module
 
     rules = args.rules or sorted(RULES)

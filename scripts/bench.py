@@ -48,7 +48,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tvm_interop  # noqa: E402
-from runtime.errors import InteropError  # noqa: E402
+from tvm_interop.runtime.errors import InteropError  # noqa: E402
 from tvm_interop.cli.common import parse_tuning_databases  # noqa: E402
 from tvm_interop.models import MODELS, get_model  # noqa: E402
 
@@ -149,7 +149,7 @@ def make_plain_tvm(mod, x, target):
     import tvm
     from tvm import relax
 
-    from runtime.model import vm_to_numpy
+    from tvm_interop.runtime.model import vm_to_numpy
 
     t = time.perf_counter()
     ex = tvm_interop.api.reference_build(mod, target)
@@ -456,7 +456,7 @@ def _depths(text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from passes.schedulers import available_schedulers
+    from tvm_interop.passes.schedulers import available_schedulers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", metavar="MODEL", help=f"zoo models: {', '.join(sorted(MODELS))}")

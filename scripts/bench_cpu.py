@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tvm  # noqa: E402
 
 import tvm_interop  # noqa: E402
-from runtime.errors import InteropError  # noqa: E402
+from tvm_interop.runtime.errors import InteropError  # noqa: E402
 from tvm_interop.cli.common import parse_tuning_databases  # noqa: E402
-from passes.schedulers import available_schedulers  # noqa: E402
+from tvm_interop.passes.schedulers import available_schedulers  # noqa: E402
 
 CONFIGS = {  # per model: width, image size chosen so one run stays well under a second with default kernels
     "inception_v3": dict(width=0.5, image_size=149),
@@ -76,7 +76,7 @@ def cache_for(cache: str, cost: str) -> str:
 def sim_vs_measured(cm) -> dict | None:
     """How far sim:cpu predicts the stages of a schedule whose stage latencies were measured (or predicted by the
     learned model from measurements): per-stage median |relative error| and the ratio of the totals."""
-    from passes.cost import get_cost_model
+    from tvm_interop.passes.cost import get_cost_model
 
     sched, graph = cm.schedule, cm.program.graph
     if not sched.device.startswith("measured") or any(st.predicted_latency is None for st in sched.stages):

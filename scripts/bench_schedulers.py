@@ -25,9 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from passes.cost import get_cost_model  # noqa: E402
-from passes.graph import OpGraph  # noqa: E402
-from passes.schedulers import schedule_graph  # noqa: E402
+from tvm_interop.passes.cost import get_cost_model  # noqa: E402
+from tvm_interop.passes.graph import OpGraph  # noqa: E402
+from tvm_interop.passes.schedulers import schedule_graph  # noqa: E402
 
 MODELS = ["inception_v3", "randwire", "nasnet_a_large", "nasnet_a_mobile", "squeezenet"]
 BATCHES = [1, 32]
@@ -42,7 +42,7 @@ SCHEDULER_OF = {"ios_dp": "ios"}
 
 def load_graph(model: str, batch: int, synthetic: bool, cache: str | None) -> OpGraph:
     if synthetic:
-        from passes.synthetic import synthetic_model
+        from tvm_interop.passes.synthetic import synthetic_model
 
         return synthetic_model(model, batch=batch)
     path = os.path.join(cache, f"{model}_b{batch}.json") if cache else None
@@ -143,7 +143,7 @@ def run(args) -> dict:
 def autograph_schedule(model: str, batch: int, cost):
     """AutoGraph on the zoo model under ``cost``: candidates are prepared by TVM (legalize + fuse) the way
     ``tvm_interop.api.model_graph`` prepares the graphs of the other columns."""
-    from passes.autograph.driver import run_autograph
+    from tvm_interop.passes.autograph.driver import run_autograph
     from tvm_interop.api import load_module, prepare_program
 
     mod, name = load_module(model, batch_size=batch)
@@ -183,7 +183,8 @@ def markdown(result: dict) -> str:
         f"{m.get('load_average')} (other jobs shared the machine: wall times are inflated; CPU seconds are "
         "the search's own).",
         "",
-        f"Reproduce: `{result['command']}`",
+        # a command file with its own markup (rows merged from two runs) is printed as it is
+        f"Reproduce: {result['command']}" if "`" in result["command"] else f"Reproduce: `{result['command']}`",
         "",
         "| model | batch | device | units | blocks (largest: units / states; max transitions; over) | sequential ms | "
         + " | ".join(f"{s} ms (x)" for s in scheds if s != "sequential")

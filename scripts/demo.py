@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import tvm_interop  # noqa: E402
-from passes.schedulers import available_schedulers  # noqa: E402
+from tvm_interop.passes.schedulers import available_schedulers  # noqa: E402
 
 
 def main() -> int:

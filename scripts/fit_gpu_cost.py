@@ -44,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from passes.cost.program import (
+from tvm_interop.passes.cost.program import (
     PARAM_DOCS,
     ProgramCostParams,
     from_stream_program,
@@ -52,7 +52,7 @@ from passes.cost.program import (
     unit_class,
     work_items,
 )
-from passes.cost.program_fit import (
+from tvm_interop.passes.cost.program_fit import (
     DEFAULT_FIT,
     DEFAULT_PRIORS,
     FIXED_AT,
@@ -167,10 +167,10 @@ def _variant_label(sched: str, mode: str, cg: bool) -> str:
 
 def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> Data:
     import tvm_interop
-    from passes.cost import get_cost_model
-    from passes.cost.program import sum_stage_costs
-    from passes.lower_streams import plan_streams, resolve_stream_count
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.cost.program import sum_stage_costs
+    from tvm_interop.passes.lower_streams import plan_streams, resolve_stream_count
+    from tvm_interop.passes.schedulers import schedule_graph
     from tvm_interop.models import get_model
 
     data = Data()
@@ -674,7 +674,7 @@ def main(argv=None) -> int:
         ("" if args.data == DEFAULT_DATA else f" --data {args.data}") + \
         f" --iters {args.iters} --starts {args.starts} --jobs {args.jobs}"
     if not args.no_write:
-        from runtime import atomic
+        from tvm_interop.runtime import atomic
 
         doc = {"format": "tvm-interop-gpu-cost-model-report", "version": 1, "command": command,
                "data": os.path.relpath(args.data, os.path.dirname(ROOT)) if args.data.startswith(os.path.dirname(ROOT))

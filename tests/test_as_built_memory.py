@@ -11,11 +11,11 @@ import pytest
 from tvm import relax
 
 import tvm_interop
-from passes.as_built import as_built_ir, check_lowered
-from passes.lower_streams import lower_program
-from passes.schedulers import schedule_graph
-from passes.stream_memory import check_stream_memory_safety
-from runtime.cuda import KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC
+from tvm_interop.passes.as_built import as_built_ir, check_lowered
+from tvm_interop.passes.lower_streams import lower_program
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.passes.stream_memory import check_stream_memory_safety
+from tvm_interop.runtime.cuda import KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC
 from tvm_interop.models import get_model, list_models, small_config
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -95,8 +95,8 @@ def test_pipeline_pass_refuses_an_unsafe_program(branchy_model, monkeypatch):
     """``tvm.compile(mod, relax_pipeline=passes.pipeline(...))`` runs the same in-pipeline check."""
     import tvm
 
-    import passes.lower_streams as ls
-    from passes import pipeline
+    import tvm_interop.passes.lower_streams as ls
+    from tvm_interop.passes import pipeline
 
     real = ls.lower_to_relax
     monkeypatch.setattr(ls, "lower_to_relax", lambda *a, **k: real(*a, **{**k, "keep_alive": False}))
@@ -109,9 +109,9 @@ def test_pipeline_pass_refuses_an_unsafe_program(branchy_model, monkeypatch):
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="CUDA builds need nvcc")
 def test_cuda_build_with_the_check_refuses_an_unsafe_program(branchy_model):
     """``build_cuda(..., after_kill=[memory_check_pass()])`` (the GPU check's libraries) names the violation."""
-    from passes.as_built import memory_check_pass
-    from passes.cuda_build import build_cuda
-    from runtime.errors import InteropError
+    from tvm_interop.passes.as_built import memory_check_pass
+    from tvm_interop.passes.cuda_build import build_cuda
+    from tvm_interop.runtime.errors import InteropError
 
     program = tvm_interop.api.prepare_program(branchy_model, CUDA)
     low = lower_program(program, schedule_graph(program.graph, "greedy"), CUDA, keep_alive=False)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.autograph.driver import run_autograph
-from passes.schedulers import schedule_graph
-from runtime.errors import InteropError
-from runtime.model import ScheduledModel
+from tvm_interop.passes.autograph.driver import run_autograph
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.model import ScheduledModel
 from tvm_interop.api import prepare_program
 from tvm_interop.cli import main
 from tvm_interop.fuzz import random_cell_model, random_input, random_model

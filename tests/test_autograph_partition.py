@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from passes.autograph.estimate import estimate_kernels, mixed_critical_path
-from passes.autograph.flow_partition import flow_partition
-from passes.cost.simulated import SimulatedDevice
-from runtime.errors import InteropError
+from tvm_interop.passes.autograph.estimate import estimate_kernels, mixed_critical_path
+from tvm_interop.passes.autograph.flow_partition import flow_partition
+from tvm_interop.passes.cost.simulated import SimulatedDevice
+from tvm_interop.runtime.errors import InteropError
 
 
 def _random_dag(n: int, seed: int):

@@ -12,14 +12,14 @@ import shutil
 import numpy as np
 import pytest
 
-import runtime
+from tvm_interop import runtime
 import tvm_interop
-from passes.build import build_library
-from passes.lower import make_plan
-from passes.schedulers import schedule_graph
-from runtime.errors import ExportError, InteropError
-from runtime.model import ScheduledModel
-from runtime.picker import choose, device_name, load_pick, pick_fastest, pick_path, save_pick
+from tvm_interop.passes.build import build_library
+from tvm_interop.passes.lower import make_plan
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.runtime.errors import ExportError, InteropError
+from tvm_interop.runtime.model import ScheduledModel
+from tvm_interop.runtime.picker import choose, device_name, load_pick, pick_fastest, pick_path, save_pick
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA builds need nvcc")

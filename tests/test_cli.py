@@ -87,7 +87,7 @@ def test_progress_logging_shows_long_work_on_stderr(capsys):
 
     from tvm_interop.cli.common import progress_logging
 
-    log = logging.getLogger("passes.schedulers.active")
+    log = logging.getLogger("tvm_interop.passes.schedulers.active")
     with progress_logging(argparse.Namespace(quiet=False, json=False, verbose=False), force=True):
         log.info("learned search round %d", 1)
     log.info("not shown after the block")

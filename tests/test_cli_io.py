@@ -19,8 +19,7 @@ def library(tmp_path_factory):
 
 
 def _reference(so, x):
-    import runtime
-
+    from tvm_interop import runtime
     m = runtime.load(str(so))
     try:
         out = m.run(x)

@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from passes.kernels.cpu_schedule import apply_cpu_schedules, schedule_cpu, vector_lanes
+from tvm_interop.passes.kernels.cpu_schedule import apply_cpu_schedules, schedule_cpu, vector_lanes
 
 TARGET = tvm.target.Target("llvm")
 RNG = np.random.default_rng(0)
@@ -227,7 +227,7 @@ def test_unschedulable_function_is_returned_unchanged(caplog):
                 T.writes(b[i])
                 b[i] = a[15 - i] + a[i]
 
-    with caplog.at_level(logging.DEBUG, logger="passes.kernels.cpu_schedule"):
+    with caplog.at_level(logging.DEBUG, logger="tvm_interop.passes.kernels.cpu_schedule"):
         out = schedule_cpu(opaque, TARGET)
     assert out is opaque
     assert "opaque block" in caplog.text

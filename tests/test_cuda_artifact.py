@@ -10,12 +10,12 @@ import sys
 import pytest
 
 import tvm_interop
-from passes import cuda_compile
-from passes.target import normalize_target, parse_arches, requested_arches
-from passes.cuda_compile import (cubin_arch, fatbin_arches, fatbin_cubins, fatbin_entries, inspect_cuda_library,
+from tvm_interop.passes import cuda_compile
+from tvm_interop.passes.target import normalize_target, parse_arches, requested_arches
+from tvm_interop.passes.cuda_compile import (cubin_arch, fatbin_arches, fatbin_cubins, fatbin_entries, inspect_cuda_library,
                                  library_cuda_images, nvcc_flags, split_library_blob, join_library_blob)
-from runtime.cuda import arch_mismatch, check_arch
-from runtime.errors import DeviceError, InteropError
+from tvm_interop.runtime.cuda import arch_mismatch, check_arch
+from tvm_interop.runtime.errors import DeviceError, InteropError
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA builds need nvcc (the CUDA toolkit)")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,13 +135,14 @@ def test_runtime_only_load_without_a_gpu_is_a_clear_error(exported):
     one that reports a call: the loader must not try to compile. Without a GPU: the clear "no CUDA device"; on a
     GPU (this test also runs there) the model loads and runs, or is refused for its arch."""
     path, _ = exported["default"]
-    code = ("import sys, numpy as np, runtime, tvm, tvm_ffi\n"
+    code = ("import sys, numpy as np, tvm, tvm_ffi\nfrom tvm_interop import runtime\n"
             "@tvm_ffi.register_global_func('tvm_callback_cuda_compile', override=True)\n"
             "def _compile(*a):\n    print('COMPILE CALLED'); raise RuntimeError('no compile at load')\n"
             "try:\n    m = runtime.load(%r)\n    m.run(*[np.zeros(i['shape'], i['dtype']) for i in m.inputs])\n    print('RAN')\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n"
             "print('libs', sorted(tvm.base._LOADED_LIBS))\n"
-            "print('modules', sorted(n for n in sys.modules if n.split('.')[0] in ('passes', 'tvm_interop')))\n"
+            "print('modules', sorted(n for n in sys.modules if n.split('.')[0] in ('passes', 'tvm_interop') and\n"
+            "      n != 'tvm_interop' and not n.startswith('tvm_interop.runtime')))\n"
             % path)
     nvcc_free_path = os.pathsep.join(p for p in ("/usr/bin", "/bin") if not os.path.exists(os.path.join(p, "nvcc")))
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PATH=nvcc_free_path, PYTHONPATH=REPO)

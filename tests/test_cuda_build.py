@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import tvm
 
-import runtime
+from tvm_interop import runtime
 import tvm_interop
-from passes.cuda_build import ensure_nvcc
-from passes.target import normalize_target
-from runtime.errors import DeviceError, InteropError
+from tvm_interop.passes.cuda_build import ensure_nvcc
+from tvm_interop.passes.target import normalize_target
+from tvm_interop.runtime.errors import DeviceError, InteropError
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -135,7 +135,7 @@ def test_reference_cuda_build(branchy_model, tmp_path):
 # ---------------------------------------------------------------------------------------------- profile bundles
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory, branchy_model):
-    from passes.profile_bundle import build_profile_bundle
+    from tvm_interop.passes.profile_bundle import build_profile_bundle
 
     program = tvm_interop.api.prepare_program(branchy_model, "llvm", name="branchy")
     d = str(tmp_path_factory.mktemp("bundle"))
@@ -160,9 +160,9 @@ def test_bundle_holds_every_candidate_stage(bundle_dir):
 @pytest.mark.parametrize("method", ["threads", "vm"])
 def test_bundle_measure_and_schedule_on_cpu(bundle_dir, method, tmp_path):
     """The whole flow on this machine: bundle -> measured cost table -> schedulers asking only for stages in it."""
-    from passes.cost import get_cost_model
-    from passes.schedulers import schedule_graph
-    from runtime.profile_bundle import measure_bundle
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.runtime.profile_bundle import measure_bundle
 
     d, b, program = bundle_dir
     out = str(tmp_path / "costs.json")
@@ -175,7 +175,7 @@ def test_bundle_measure_and_schedule_on_cpu(bundle_dir, method, tmp_path):
     cost.check_graph(program.graph)
     # IOS's DP (and sequential, and greedy while no more units are ready than streams) ask for the same stages
     # whatever the costs: every one of them is in the table
-    from passes.profile_bundle import ios_options
+    from tvm_interop.passes.profile_bundle import ios_options
 
     for name, opts in (("sequential", {}), ("greedy", {"max_block_size": 8}), ("ios", ios_options())):
         s = schedule_graph(program.graph, name, cost, **opts)
@@ -191,9 +191,9 @@ def test_bundle_measure_and_schedule_on_cpu(bundle_dir, method, tmp_path):
 
 
 def test_table_fallbacks(bundle_dir, tmp_path, caplog):
-    from passes.cost import get_cost_model
-    from passes.graph import Unit
-    from runtime.profile_bundle import measure_bundle
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.graph import Unit
+    from tvm_interop.runtime.profile_bundle import measure_bundle
 
     d, b, program = bundle_dir
     out = str(tmp_path / "costs.json")
@@ -203,7 +203,7 @@ def test_table_fallbacks(bundle_dir, tmp_path, caplog):
     with pytest.raises(InteropError, match="not in the cost table"):
         get_cost_model(f"table:{out};fallback=error").stage_latency(odd)
     cost = get_cost_model(f"table:{out}")
-    with caplog.at_level(logging.WARNING, logger="passes.cost.table"):
+    with caplog.at_level(logging.WARNING, logger="tvm_interop.passes.cost.table"):
         est = cost.stage_latency(odd)
     assert est == pytest.approx(max(sum(cost.units[n] for n in ("lv", "lv1", "lv2")), cost.units["lv12"]))
     assert cost.misses == 1 and "lacks some stages" in caplog.text
@@ -225,7 +225,7 @@ def test_table_fallbacks(bundle_dir, tmp_path, caplog):
 
 
 def test_compile_with_a_measured_table(bundle_dir, tmp_path, branchy_model, branchy_input, branchy_reference):
-    from runtime.profile_bundle import measure_bundle
+    from tvm_interop.runtime.profile_bundle import measure_bundle
 
     d, _, _ = bundle_dir
     out = str(tmp_path / "costs.json")
@@ -253,8 +253,8 @@ def test_profile_cli(tmp_path, capsys):
 @needs_nvcc
 @no_gpu
 def test_cuda_bundle_builds_and_refuses_to_measure_without_gpu(tmp_path, branchy_model):
-    from passes.profile_bundle import BundleOptions, build_profile_bundle
-    from runtime.profile_bundle import measure_bundle
+    from tvm_interop.passes.profile_bundle import BundleOptions, build_profile_bundle
+    from tvm_interop.runtime.profile_bundle import measure_bundle
 
     program = tvm_interop.api.prepare_program(branchy_model, normalize_target("cuda"), name="branchy")
     b = build_profile_bundle(program, "cuda", str(tmp_path), BundleOptions(ios=False))

@@ -14,15 +14,15 @@ import tvm
 from tvm import relax
 
 import tvm_interop
-from passes.lower_streams import (MAIN, lower_program, lower_to_relax, plan_streams, release_points,
+from tvm_interop.passes.lower_streams import (MAIN, lower_program, lower_to_relax, plan_streams, release_points,
                                   resolve_stream_count, simulate)
-from passes.schedule import Schedule, Stage
-from passes.schedulers import schedule_graph
-from passes.as_built import as_built_ir, check_lowered, memory_report, run_until
-from passes.stream_memory import activation_memory, check_stream_memory_safety
-from runtime.cuda import (CURRENT_STREAM_FUNC, FREE_STREAMS_FUNC, KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC,
+from tvm_interop.passes.schedule import Schedule, Stage
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.passes.as_built import as_built_ir, check_lowered, memory_report, run_until
+from tvm_interop.passes.stream_memory import activation_memory, check_stream_memory_safety
+from tvm_interop.runtime.cuda import (CURRENT_STREAM_FUNC, FREE_STREAMS_FUNC, KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC,
                           STREAM_CACHE_INDEX, STREAMS_FUNC)
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -162,7 +162,7 @@ def test_groups_beyond_the_streams_share_them(branchy_program, hand_schedule):
 
 def test_stream_bound_is_clamped_with_a_warning(branchy_program, hand_schedule, caplog, monkeypatch):
     monkeypatch.setenv("TVM_INTEROP_STREAM_LIMIT", "3")
-    with caplog.at_level(logging.WARNING, logger="passes.lower_streams"):
+    with caplog.at_level(logging.WARNING, logger="tvm_interop.passes.lower_streams"):
         low = lower_program(branchy_program, hand_schedule, CUDA, max_streams=100)
     assert low.num_streams == 3
     assert "max_streams=100 is more than the 3 streams allowed" in caplog.text
@@ -200,10 +200,10 @@ def test_streams_come_from_the_vm_cache_on_gpu_and_are_null_on_cpu(branchy_progr
 def test_cpu_build_of_the_stream_program_matches_plain_tvm(branchy_program, hand_schedule, branchy_input,
                                                            branchy_reference, mode, monkeypatch):
     """The CPU build runs the same program (stream calls are no-ops there); streams are made once per model."""
-    import runtime.cuda as rc
-    from passes.build import build_library
-    from passes.lower import make_plan
-    from runtime.model import ScheduledModel
+    import tvm_interop.runtime.cuda as rc
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
+    from tvm_interop.runtime.model import ScheduledModel
 
     made = []
     real = rc.StreamSet.__init__
@@ -226,7 +226,7 @@ def test_cpu_build_of_the_stream_program_matches_plain_tvm(branchy_program, hand
 
 
 def test_cuda_graph_request_on_cpu_is_logged(branchy_program, hand_schedule, caplog):
-    with caplog.at_level(logging.WARNING, logger="passes.lower_streams"):
+    with caplog.at_level(logging.WARNING, logger="tvm_interop.passes.lower_streams"):
         low = lower_program(branchy_program, hand_schedule, "llvm", cuda_graph=True)
     assert not low.cuda_graph and "CUDA graphs need a CUDA target" in low.cuda_graph_reason
     assert MAIN_GRAPH_FUNC not in [gv.name_hint for gv in low.mod.get_global_vars()]
@@ -235,7 +235,7 @@ def test_cuda_graph_request_on_cpu_is_logged(branchy_program, hand_schedule, cap
 
 # ---------------------------------------------------------------------------------------------- CUDA graph
 def test_cuda_graph_variant_is_one_captured_region(branchy_program, hand_schedule):
-    from passes.cuda_build import CudaBuildReport, graph_feasibility, rewrite_cuda_graph_for
+    from tvm_interop.passes.cuda_build import CudaBuildReport, graph_feasibility, rewrite_cuda_graph_for
 
     low = lower_program(branchy_program, hand_schedule, CUDA, cuda_graph=True, mode="dependency")
     assert low.cuda_graph
@@ -261,7 +261,7 @@ def test_cuda_graph_variant_is_one_captured_region(branchy_program, hand_schedul
 
 def test_cuda_graph_falls_back_with_a_logged_reason(branchy_program, hand_schedule, caplog):
     """A binding TVM cannot capture in the middle splits the program: direct launches, reason logged."""
-    from passes.cuda_build import CudaBuildReport, rewrite_cuda_graph_for
+    from tvm_interop.passes.cuda_build import CudaBuildReport, rewrite_cuda_graph_for
 
     low = lower_program(branchy_program, hand_schedule, CUDA, cuda_graph=True)
     planned = run_until(low.mod, CUDA, "StaticPlanBlockMemory", graph_funcs=())
@@ -278,7 +278,7 @@ def test_cuda_graph_falls_back_with_a_logged_reason(branchy_program, hand_schedu
     planned[MAIN_GRAPH_FUNC] = relax.Function(f.params, body, f.ret_ty, f.is_pure, f.attrs)
     planned = relax.transform.Normalize()(planned)
     report = CudaBuildReport()
-    with caplog.at_level(logging.WARNING, logger="passes.cuda_build"):
+    with caplog.at_level(logging.WARNING, logger="tvm_interop.passes.cuda_build"):
         out = rewrite_cuda_graph_for([MAIN_GRAPH_FUNC], report)(planned)
     assert not report.cuda_graph
     assert "2 captured regions" in report.reason
@@ -288,15 +288,15 @@ def test_cuda_graph_falls_back_with_a_logged_reason(branchy_program, hand_schedu
 
 def test_runtime_cuda_graph_request_without_variant_is_logged(branchy_program, hand_schedule, branchy_input,
                                                               caplog):
-    from passes.build import build_library
-    from passes.lower import make_plan
-    from runtime.model import ScheduledModel
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
+    from tvm_interop.runtime.model import ScheduledModel
 
     plan = make_plan(branchy_program, hand_schedule, meta={"mode": "stage"})
     lib = build_library(branchy_program, hand_schedule, plan, "llvm", cuda_graph=True)
     assert plan.meta["cuda_graph"] is False and "CUDA target" in plan.meta["cuda_graph_reason"]
     m = ScheduledModel(lib, executor="vm", plan=plan, cuda_graph=True)
-    with caplog.at_level(logging.WARNING, logger="runtime.model"):
+    with caplog.at_level(logging.WARNING, logger="tvm_interop.runtime.model"):
         m.run(branchy_input)
     assert m.entry_function == MAIN_FUNC and "CUDA graph requested but not available" in caplog.text
     m.close()
@@ -349,9 +349,9 @@ def test_checker_finds_the_h100_race_in_the_old_lowering(monkeypatch):
     """The first GPU run's lowering (keep-alive = pure no-op PrimFunc) on googlenet 64 px w0.25: the as-built
     check finds the races the old checker (its own short pipeline) missed; the build refuses it; the current
     lowering is clean."""
-    import passes.lower_streams as ls
-    from passes.build import build_library
-    from passes.lower import make_plan
+    import tvm_interop.passes.lower_streams as ls
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
     from tvm_interop.models import get_model
 
     program = tvm_interop.api.prepare_program(get_model("googlenet", image_size=64, width=0.25), CUDA)
@@ -404,9 +404,9 @@ def test_checker_fails_without_keep_alive(branchy_program, mode):
 
 
 def test_build_refuses_an_unsafe_program(branchy_program, monkeypatch):
-    import passes.candidates as cand
-    from passes.build import build_library
-    from passes.lower import make_plan
+    import tvm_interop.passes.candidates as cand
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
 
     real = cand.lower_program
     monkeypatch.setattr(cand, "lower_program", lambda *a, **k: real(*a, **{**k, "keep_alive": False}))
@@ -556,7 +556,7 @@ def test_compile_cli_prints_both_memories(tmp_path, capsys):
 
 def test_lifted_constants_are_parameters(branchy_program, hand_schedule, branchy_input, branchy_reference):
     """lift_constants (the GPU check's libraries): weights come in as arguments, nothing is embedded."""
-    from passes.lower_streams import lift_main_constants
+    from tvm_interop.passes.lower_streams import lift_main_constants
 
     low = lower_program(branchy_program, hand_schedule, "llvm", lift_constants=True, prefix="greedy__")
     assert check_lowered(low.mod).ok

@@ -15,7 +15,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 import tvm_interop  # noqa: E402
-from runtime.errors import UnsupportedModelError  # noqa: E402
+from tvm_interop.runtime.errors import UnsupportedModelError  # noqa: E402
 from tvm_interop.export import SUPPORTED_OPS, ZOO_OPS, read_relax, to_onnx, to_torch, zoo_ops  # noqa: E402
 from tvm_interop.models import build_with_reference, get_model, list_models, small_config  # noqa: E402
 

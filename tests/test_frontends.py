@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from runtime.errors import InputError, UnsupportedModelError
+from tvm_interop.runtime.errors import InputError, UnsupportedModelError
 from tvm_interop.frontends import from_onnx, from_torch
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.lower import make_plan
-from passes.schedulers import available_schedulers, schedule_graph
-from runtime.model import CONSTANTS_FUNC, ScheduledModel, kernel_library, lookup_kernel
-from runtime.thread_executor import ThreadExecutor
+from tvm_interop.passes.lower import make_plan
+from tvm_interop.passes.schedulers import available_schedulers, schedule_graph
+from tvm_interop.runtime.model import CONSTANTS_FUNC, ScheduledModel, kernel_library, lookup_kernel
+from tvm_interop.runtime.thread_executor import ThreadExecutor
 from tvm_interop.fuzz import random_input, random_model
 
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -59,7 +59,7 @@ def check_seed(seed: int) -> None:
 
 
 def _cost_kinds():
-    from passes.cost import registry
+    from tvm_interop.passes.cost import registry
 
     return registry.known()
 

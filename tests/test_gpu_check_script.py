@@ -31,7 +31,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu_check.py")
 SHELL = os.path.join(REPO, "scripts", "gpu_check.sh")
 
-# modules that only TVM's compiler side provides or needs; the run path must import none of them
+# modules that only TVM's compiler side provides or needs; the run path must import none of them. Allowed: the
+# package ``tvm_interop`` itself (a lazy front door) and the ALLOWED trees (its runtime), which the run path needs
+ALLOWED = ("tvm_interop.runtime",)
 BLOCKED = ("passes", "tvm_interop", "tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule", "tvm.dlight",
            "tvm.contrib.nvcc")
 
@@ -41,11 +43,17 @@ BLOCKED = ("passes", "tvm_interop", "tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.m
 _BLOCKER = textwrap.dedent('''
     import atexit, importlib.abc, json, os, sys
     BLOCKED = {blocked!r}
+    ALLOWED = {allowed!r}
     attempts = []
+
+    def blocked(name):
+        if name == "tvm_interop" or any(name == a or name.startswith(a + ".") for a in ALLOWED):
+            return False
+        return any(name == b or name.startswith(b + ".") for b in BLOCKED)
 
     class _Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            if blocked(name):
                 attempts.append(name)
                 raise ImportError("compiler-only module " + name + " imported on the runtime-only path")
             return None
@@ -56,7 +64,7 @@ _BLOCKER = textwrap.dedent('''
     def _report():
         base = sys.modules.get("tvm.base")
         libs = sorted(getattr(base, "_LOADED_LIBS", {{}})) if base else []
-        loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+        loaded = sorted(m for m in sys.modules if blocked(m))
         path = os.path.join(os.environ["GPU_CHECK_IMPORT_LOG"], "imports.%d.json" % os.getpid())
         with open(path, "w") as f:
             json.dump({{"argv": sys.argv, "blocked": attempts, "loaded": loaded, "libs": libs}}, f)
@@ -81,7 +89,7 @@ def _runtime_only_env(tmp_path) -> tuple[dict, str]:
     log = tmp_path / "import_log"
     site.mkdir(exist_ok=True)
     log.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(_BLOCKER.format(blocked=BLOCKED))
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(blocked=BLOCKED, allowed=ALLOWED))
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", GPU_CHECK_IMPORT_LOG=str(log),
                PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     return env, str(log)
@@ -320,7 +328,7 @@ def test_run_report_records_the_environment(dry_build, tmp_path):
 def test_cuda_build_squeezenet(tmp_path):
     """``scripts/gpu_check.sh build --models squeezenet --width 0.25``: a real CUDA build (~30 s), fatbins for
     sm_90 in every library, a well-formed manifest, the graph JSON for the PyTorch baseline."""
-    from passes.cuda_compile import fatbin_arches, library_cuda_images
+    from tvm_interop.passes.cuda_compile import fatbin_arches, library_cuda_images
 
     d = tmp_path / "gc"
     r = subprocess.run(["bash", SHELL, "build", "--models", "squeezenet", "--width", "0.25", "--dir", str(d),

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-from passes.contract import (ChainCost, chain_cost, chains, check_granularity, contract_chains, expand_stages,
+from tvm_interop.passes.contract import (ChainCost, chain_cost, chains, check_granularity, contract_chains, expand_stages,
                              identity)
-from passes.cost import UnitCostModel, get_cost_model
-from passes.graph import OpGraph, TensorInfo, Unit
-from passes.partition import cut_points, frontier_blocks, frontier_sizes
-from passes.schedule import MERGE, Stage
-from passes.schedulers import get_scheduler, schedule_graph
-from passes.schedulers.latency import schedule_cost
-from passes.schedulers.bitdag import LocalDAG, ideals
-from passes.synthetic import nasnet_like, random_dag, randwire_like
-from runtime.errors import InteropError
+from tvm_interop.passes.cost import UnitCostModel, get_cost_model
+from tvm_interop.passes.graph import OpGraph, TensorInfo, Unit
+from tvm_interop.passes.partition import cut_points, frontier_blocks, frontier_sizes
+from tvm_interop.passes.schedule import MERGE, Stage
+from tvm_interop.passes.schedulers import get_scheduler, schedule_graph
+from tvm_interop.passes.schedulers.latency import schedule_cost
+from tvm_interop.passes.schedulers.bitdag import LocalDAG, ideals
+from tvm_interop.passes.synthetic import nasnet_like, random_dag, randwire_like
+from tvm_interop.runtime.errors import InteropError
 
 SIM = get_cost_model("sim:h100")
 UNIT = UnitCostModel()
@@ -264,7 +264,7 @@ def test_zoo_models_scheduled_over_chains_match_plain_tvm(name):
     import numpy as np
 
     import tvm_interop
-    from runtime.model import ScheduledModel
+    from tvm_interop.runtime.model import ScheduledModel
     from tvm_interop.models import get_model, small_config
 
     mod = get_model(name, **small_config(name))

@@ -1,8 +1,8 @@
 import pytest
 
-from passes.graph import OpGraph, TensorInfo, Unit
-from passes.partition import cut_points, partition
-from runtime.errors import GraphError
+from tvm_interop.passes.graph import OpGraph, TensorInfo, Unit
+from tvm_interop.passes.partition import cut_points, partition
+from tvm_interop.runtime.errors import GraphError
 
 
 def diamond():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from passes.target import (GENERIC_CPU, cpu_isa_features, host_cpu, normalize_target, target_text)
-from runtime.cpu_features import check_cpu_features, host_cpu_flags, missing_features
-from runtime.errors import DeviceError, InteropError
+from tvm_interop.passes.target import (GENERIC_CPU, cpu_isa_features, host_cpu, normalize_target, target_text)
+from tvm_interop.runtime.cpu_features import check_cpu_features, host_cpu_flags, missing_features
+from tvm_interop.runtime.errors import DeviceError, InteropError
 
 
 def test_llvm_means_this_machines_cpu():
@@ -73,7 +73,7 @@ def branchy_libraries(tmp_path_factory):
 
 def test_host_and_generic_builds_match_plain_tvm_and_record_their_cpu(branchy_libraries):
     import tvm_interop
-    from runtime.model import load
+    from tvm_interop.runtime.model import load
 
     mod, libs = branchy_libraries
     x = np.random.default_rng(5).standard_normal(
@@ -91,8 +91,8 @@ def test_host_and_generic_builds_match_plain_tvm_and_record_their_cpu(branchy_li
 
 
 def test_loading_on_a_cpu_without_the_features_is_refused(branchy_libraries, monkeypatch):
-    import runtime.cpu_features as cf
-    from runtime.model import load
+    import tvm_interop.runtime.cpu_features as cf
+    from tvm_interop.runtime.model import load
 
     _, libs = branchy_libraries
     # simulate an older CPU: SSE only
@@ -107,7 +107,7 @@ class _ConcurrencyHurts:
     """A cost model under which every concurrent stage is slower than its units one after another."""
 
     def __new__(cls):
-        from passes.cost import UnitCostModel
+        from tvm_interop.passes.cost import UnitCostModel
 
         class Model(UnitCostModel):
             name = "concurrency-hurts"
@@ -162,10 +162,10 @@ def test_compile_command_says_target_what_shipped_and_which_memory(capsys):
 def test_a_foreign_cost_table_is_refused_with_both_named(tmp_path):
     import json
 
-    from passes.cost import get_cost_model
-    from passes.schedulers import schedule_graph
-    from passes.synthetic import synthetic_model
-    from runtime.errors import InteropError
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.synthetic import synthetic_model
+    from tvm_interop.runtime.errors import InteropError
 
     import os
 
@@ -196,8 +196,8 @@ def test_a_table_missing_stages_says_how_many_were_composed(tmp_path):
     """A table with units only: every concurrent stage is composed from the units, and the schedule says how many."""
     import json
 
-    from passes.schedulers import schedule_graph
-    from passes.synthetic import synthetic_model
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.synthetic import synthetic_model
 
     g = synthetic_model("squeezenet")
     table = {"format": "tvm-interop-cost-table", "version": 1, "model": "squeezenet",

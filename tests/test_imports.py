@@ -1,6 +1,8 @@
 """The layering, read from the source with ``ast`` (function-local imports included, since they hide cycles):
-no import cycle between modules of ``passes/``, and ``runtime/`` imports nothing from ``passes`` or
-``tvm_interop`` (a deployed model needs ``runtime`` and TVM's runtime only)."""
+no import cycle between modules of ``passes/``, and ``runtime/`` imports nothing from ``tvm_interop.passes`` or
+the rest of ``tvm_interop`` (a deployed model needs ``tvm_interop.runtime`` and TVM's runtime only). The folders
+``passes/`` and ``runtime/`` are the packages ``tvm_interop.passes`` and ``tvm_interop.runtime``; nothing in
+the tree may import them by their folder names."""
 from __future__ import annotations
 
 import ast
@@ -10,13 +12,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _modules(package: str) -> dict[str, str]:
-    """dotted module name -> file path, for every .py file under ``package``."""
+    """dotted module name (as installed: ``passes/x.py`` is ``tvm_interop.passes.x``) -> file path, for every .py
+    file under the folder ``package``."""
     out = {}
     root = os.path.join(REPO, package)
+    prefix = "" if package == "tvm_interop" else "tvm_interop."
     for dirpath, _, files in os.walk(root):
         for f in files:
             if f.endswith(".py"):
-                rel = os.path.relpath(os.path.join(dirpath, f), REPO)[:-3].replace(os.sep, ".")
+                rel = prefix + os.path.relpath(os.path.join(dirpath, f), REPO)[:-3].replace(os.sep, ".")
                 out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dirpath, f)
     return out
 
@@ -90,8 +94,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _package_graph(package: str) -> dict[str, set[str]]:
-    mods = _modules(package)
+def _package_graph(folder: str) -> dict[str, set[str]]:
+    mods = _modules(folder)
+    package = f"tvm_interop.{folder}"
     known = set(mods)
     graph = {}
     for name, path in mods.items():
@@ -114,7 +119,28 @@ def test_runtime_imports_nothing_above_it():
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            bad += [f"{name} imports {n}" for n in names if n.split(".")[0] in ("passes", "tvm_interop")]
+            bad += [f"{name} imports {n}" for n in names
+                    if n.split(".")[0] in ("passes", "runtime")
+                    or (n.startswith("tvm_interop") and not n.startswith("tvm_interop.runtime"))]
+    assert not bad, bad
+
+
+def test_nothing_imports_the_folders_by_their_own_names():
+    """``passes`` / ``runtime`` are not installed as top-level packages: an import of either would work from a
+    checkout and fail for a user (or load a second copy of every module beside ``tvm_interop.passes``)."""
+    bad = []
+    for folder in ("tvm_interop", "passes", "runtime", "scripts", "tests"):
+        for dirpath, _, files in os.walk(os.path.join(REPO, folder)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, f)
+                tree = ast.parse(open(path, encoding="utf-8").read(), path)
+                for node in ast.walk(tree):
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                    bad += [f"{os.path.relpath(path, REPO)}:{node.lineno} imports {n}" for n in names
+                            if n.split(".")[0] in ("passes", "runtime")]
     assert not bad, bad
 
 

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.cost import get_cost_model
-from passes.cost.learned import LearnedCostModel, TreeEnsemble, stage_features
-from passes.schedule import sequential_stages
-from passes.schedulers.active import active_search
-from passes.schedulers.latency import annotate_latency
-from passes.synthetic import inception_like, randwire_like
-from runtime.errors import InteropError
+from tvm_interop.passes.cost import get_cost_model
+from tvm_interop.passes.cost.learned import LearnedCostModel, TreeEnsemble, stage_features
+from tvm_interop.passes.schedule import sequential_stages
+from tvm_interop.passes.schedulers.active import active_search
+from tvm_interop.passes.schedulers.latency import annotate_latency
+from tvm_interop.passes.synthetic import inception_like, randwire_like
+from tvm_interop.runtime.errors import InteropError
 
 
 def test_tree_ensemble_equals_booster():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.cost.cache import CostCache, CostCacheError
-from passes.cost.measured import MeasuredCostModel
+from tvm_interop.passes.cost.cache import CostCache, CostCacheError
+from tvm_interop.passes.cost.measured import MeasuredCostModel
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +43,11 @@ def test_long_measurement_reports_progress(program, tmp_path, caplog):
 
     cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
     cost.PROGRESS_SECONDS = 0.0  # report after every timing
-    with caplog.at_level(logging.INFO, logger="passes.cost.measured"):
+    with caplog.at_level(logging.INFO, logger="tvm_interop.passes.cost.measured"):
         for u in program.graph.units[:3]:
             cost.unit_latency(u)
     cost.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "passes.cost.measured"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tvm_interop.passes.cost.measured"]
     assert lines and "stages timed in" in lines[-1]
 
 
@@ -108,7 +108,7 @@ def test_compile_with_measured_cost_and_guard(branchy_model, branchy_input, bran
 
 
 def test_guard_ships_the_faster_median():
-    from passes.guard import decide
+    from tvm_interop.passes.guard import decide
 
     seq = [10.0, 10.5, 11.0, 12.0, 9.5]
     slower_within_noise = decide({"scheduled": [x * 1.03 for x in seq], "sequential": seq})

@@ -1,8 +1,8 @@
 import pytest
 
 import tvm_interop
-from passes.memory_bound import bound_memory, limit_concurrency
-from passes.schedulers import schedule_graph
+from tvm_interop.passes.memory_bound import bound_memory, limit_concurrency
+from tvm_interop.passes.schedulers import schedule_graph
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_compile_applies_the_bound(branchy_model, branchy_input, branchy_referen
 
 
 def test_compile_refuses_schedule_for_another_device(branchy_model, tmp_path):
-    from runtime.errors import ScheduleError
+    from tvm_interop.runtime.errors import ScheduleError
 
     cm = tvm_interop.compile(branchy_model, scheduler="greedy", cost="sim:h100")
     p = tmp_path / "s.json"

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.merge import apply_merges, build_merged_kernel, epilogue_pattern, merge_key, mergeable, plan_merge_stage
-from passes.schedule import MERGE, Schedule, Stage
-from runtime.model import ScheduledModel
+from tvm_interop.passes.merge import apply_merges, build_merged_kernel, epilogue_pattern, merge_key, mergeable, plan_merge_stage
+from tvm_interop.passes.schedule import MERGE, Schedule, Stage
+from tvm_interop.runtime.model import ScheduledModel
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 SHAPE = (1, 4, 12, 12)
@@ -221,7 +221,7 @@ def test_compile_with_merge_stage_matches_tvm(model, program, names, x, referenc
 
 # ---------------------------------------------------------------------------------------------- cost
 def test_measured_cost_times_the_merged_kernel(program, names, tmp_path):
-    from passes.cost.measured import MeasuredCostModel
+    from tvm_interop.passes.cost.measured import MeasuredCostModel
 
     cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=3)
     units = [[program.graph.unit(names[k])] for k in ("k1", "k3", "k5")]
@@ -242,7 +242,7 @@ def test_measured_cost_times_the_merged_kernel(program, names, tmp_path):
 
 def test_ios_merges_under_sim_cost_end_to_end(model, x, reference):
     """IOS proposes merge stages under the simulated CPU cost; compile applies them and the outputs still match."""
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.schedulers import schedule_graph
 
     graph = tvm_interop.api.prepare_program(model).graph
     sched = schedule_graph(graph, "ios", "sim:cpu")
@@ -285,8 +285,7 @@ def make_two_merge_model(seed: int = 1):
 
 
 def test_two_merges_dependency_mode_and_export(tmp_path):
-    import runtime
-
+    from tvm_interop import runtime
     mod = make_two_merge_model()
     prog = tvm_interop.api.prepare_program(mod, name="two")
     a1, a2, b1, b2, c, cat = [u.name for u in prog.graph.units]

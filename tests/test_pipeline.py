@@ -5,10 +5,10 @@ import tvm
 from tvm import relax
 
 import tvm_interop
-from passes.schedule import Schedule, Stage
-from runtime import load
-from runtime.errors import InputError, ScheduleError, UnsupportedModelError
-from runtime.model import ScheduledModel
+from tvm_interop.passes.schedule import Schedule, Stage
+from tvm_interop.runtime import load
+from tvm_interop.runtime.errors import InputError, ScheduleError, UnsupportedModelError
+from tvm_interop.runtime.model import ScheduledModel
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -92,8 +92,8 @@ def test_failed_export_keeps_previous_file(compiled, tmp_path):
                 f.write(b"partial")
             raise RuntimeError("disk full")
 
-    from runtime.errors import ExportError
-    from runtime.model import export_library
+    from tvm_interop.runtime.errors import ExportError
+    from tvm_interop.runtime.model import export_library
 
     with pytest.raises(ExportError, match="disk full"):
         export_library(Broken(), str(path))

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from passes.cost.program import (
+from tvm_interop.passes.cost.program import (
     KERNEL,
     MAIN,
     SET,
@@ -24,8 +24,8 @@ from passes.cost.program import (
     load_fitted,
     simulate,
 )
-from passes.cost.program_fit import DEFAULT_FIT, FIXED_AT, Sample, fit
-from runtime.errors import InteropError
+from tvm_interop.passes.cost.program_fit import DEFAULT_FIT, FIXED_AT, Sample, fit
+from tvm_interop.runtime.errors import InteropError
 
 US = 1e-6
 FILL = 1000.0  # work items that fill the device in these tests
@@ -271,7 +271,7 @@ def small_squeezenet():
 @pytest.mark.parametrize("mode", ["stage", "dependency"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_issued_program_has_one_kernel_per_unit(small_squeezenet, scheduler, mode, cuda_graph):
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.schedulers import schedule_graph
 
     program = small_squeezenet
     graph = program.graph

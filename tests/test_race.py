@@ -7,10 +7,10 @@ import pytest
 import tvm
 
 import tvm_interop
-from passes.lower import make_plan
-from passes.schedulers import schedule_graph
-from runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
-from runtime.thread_executor import ThreadExecutor
+from tvm_interop.passes.lower import make_plan
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
+from tvm_interop.runtime.thread_executor import ThreadExecutor
 
 
 @pytest.mark.parametrize("mode", ["stage", "dependency"])

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from passes.graph import OpGraph, Unit
-from passes.schedule import Schedule, Stage
-from passes.schedulers import schedule_graph
-from runtime.errors import ScheduleError, ScheduleFileError
+from tvm_interop.passes.graph import OpGraph, Unit
+from tvm_interop.passes.schedule import Schedule, Stage
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.runtime.errors import ScheduleError, ScheduleFileError
 
 
 def graph():

@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-from passes.cost import UnitCostModel, get_cost_model
-from passes.graph import OpGraph, TensorInfo, Unit
-from passes.schedule import MERGE, Schedule
-from passes.schedulers import get_scheduler, schedule_graph
-from passes.schedulers.bitdag import LocalDAG, ideals, split_parts
-from passes.schedulers.ios_dp import ending_dp
-from passes.schedulers.options import SchedulerOptionError
-from passes.schedulers.stage_coster import StageCoster
-from passes.schedulers.result import SearchStats
-from passes.synthetic import inception_like, nasnet_like, random_dag, randwire_like, squeezenet_like, synthetic_model
-from runtime.errors import GraphError, InteropError
+from tvm_interop.passes.cost import UnitCostModel, get_cost_model
+from tvm_interop.passes.graph import OpGraph, TensorInfo, Unit
+from tvm_interop.passes.schedule import MERGE, Schedule
+from tvm_interop.passes.schedulers import get_scheduler, schedule_graph
+from tvm_interop.passes.schedulers.bitdag import LocalDAG, ideals, split_parts
+from tvm_interop.passes.schedulers.ios_dp import ending_dp
+from tvm_interop.passes.schedulers.options import SchedulerOptionError
+from tvm_interop.passes.schedulers.stage_coster import StageCoster
+from tvm_interop.passes.schedulers.result import SearchStats
+from tvm_interop.passes.synthetic import inception_like, nasnet_like, random_dag, randwire_like, squeezenet_like, synthetic_model
+from tvm_interop.runtime.errors import GraphError, InteropError
 
 SIM = get_cost_model("sim:h100")
 UNIT = UnitCostModel()
@@ -168,7 +168,7 @@ def test_reference_ios_missed_ending():
 # ------------------------------------------------------------------------------------------------ merge
 def _fan_out(k: int = 4, size: int = 7) -> OpGraph:
     """stem -> k small 1x1 convolutions of the stem's output -> concat: launch-bound, merging pays."""
-    from passes.synthetic import _Builder
+    from tvm_interop.passes.synthetic import _Builder
 
     b = _Builder("fan_out")
     x = b.conv("stem", b.input(64, size), 64, k=1)
@@ -272,7 +272,7 @@ def test_unknown_options_are_refused_with_the_valid_ones(name, opts, hint):
 
 
 def test_every_scheduler_returns_one_result_type():
-    from passes.schedulers import SchedulerResult, available_schedulers
+    from tvm_interop.passes.schedulers import SchedulerResult, available_schedulers
 
     g = random_dag(7, 2)
     for name in available_schedulers():

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from passes.cost import get_cost_model
-from passes.cost.simulated import PRESETS, DeviceSpec, SimulatedDevice
-from passes.graph import TensorInfo, Unit
-from passes.synthetic import inception_like, random_dag
-from runtime.errors import InteropError
+from tvm_interop.passes.cost import get_cost_model
+from tvm_interop.passes.cost.simulated import PRESETS, DeviceSpec, SimulatedDevice
+from tvm_interop.passes.graph import TensorInfo, Unit
+from tvm_interop.passes.synthetic import inception_like, random_dag
+from tvm_interop.runtime.errors import InteropError
 
 TOL = 1e-12
 
@@ -183,8 +183,8 @@ def test_merge_is_one_larger_kernel(device):
 
 
 def test_merge_pays_for_padding_smaller_kernels(device):
-    """passes.merge zero-pads a 1x1 kernel to 3x3: the merged kernel does the 1x1's work nine times over."""
-    from passes.cost.simulated import merged_flops
+    """tvm_interop.passes.merge zero-pads a 1x1 kernel to 3x3: the merged kernel does the 1x1's work nine times over."""
+    from tvm_interop.passes.cost.simulated import merged_flops
 
     one, three = conv("a", 64, 28, k=1), conv("b", 64, 28, k=3)
     assert merged_flops([one, three]) == pytest.approx(9 * one.flops + three.flops)

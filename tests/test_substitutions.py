@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from passes.substitutions import (
+from tvm_interop.passes.substitutions import (
     RULES,
     Match,
     Node,
@@ -21,8 +21,8 @@ from passes.substitutions import (
     find_matches,
     rewrite_main,
 )
-from passes.substitutions.check import _run_tvm
-from passes.substitutions.numpy_eval import Unsupported, evaluate
+from tvm_interop.passes.substitutions.check import _run_tvm
+from tvm_interop.passes.substitutions.numpy_eval import Unsupported, evaluate
 
 op = relax.op
 
@@ -124,7 +124,7 @@ def test_dataflow_nodes_and_flops():
 def _renamed(mod, rename: dict[str, str]) -> tvm.IRModule:
     """``mod`` with some bindings' variables renamed (BlockBuilder itself never makes duplicate names, other
     producers such as TVMScript or hand-built modules can)."""
-    from passes.substitutions.graph import _subst
+    from tvm_interop.passes.substitutions.graph import _subst
 
     f = mod["main"]
     bb = relax.BlockBuilder()
@@ -218,8 +218,8 @@ def test_merge_shared_input_convs_legality():
 
     mod = build((1, 4, 7, 7), body)
     assert only(find_matches(mod), "merge_shared_input_convs") == []
-    from passes.substitutions.chains import align_kernels, chain_at
-    from passes.substitutions.graph import DataflowGraph
+    from tvm_interop.passes.substitutions.chains import align_kernels, chain_at
+    from tvm_interop.passes.substitutions.graph import DataflowGraph
 
     g = DataflowGraph(mod)
     assert "cannot be aligned" in align_kernels([chain_at(g, "g"), chain_at(g, "h")], (7, 7), (7, 7))
@@ -298,7 +298,7 @@ def test_check_match_rejects_wrong_rewrites():
 
 def test_check_match_cache_by_structure(monkeypatch):
     clear_check_cache()
-    import passes.substitutions.check as chk
+    import tvm_interop.passes.substitutions.check as chk
 
     calls = []
     real = chk._run
@@ -509,7 +509,7 @@ def test_onnx_gemm_after_fold_constants():
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
-    from passes.substitutions import fold_constants
+    from tvm_interop.passes.substitutions import fold_constants
     from tvm_interop.frontends.onnx_import import from_onnx
 
     rng = np.random.default_rng(0)
@@ -601,7 +601,7 @@ def test_rewrite_moves_region_past_independent_bindings():
 
 
 def test_rewrite_rejects_non_convex_region():
-    from passes.substitutions.graph import DataflowGraph
+    from tvm_interop.passes.substitutions.graph import DataflowGraph
 
     def body(n, x):
         a = n.bb.emit(op.nn.relu(x), name_hint="a")
@@ -659,7 +659,7 @@ def test_numpy_oracle_refuses_what_it_does_not_implement():
     mod = build((1, 4, 6, 6), lambda n, x: op.nn.max_pool2d(n.conv(x, 4, 4, 3, pad=1), pool_size=2))
     with pytest.raises(Unsupported, match="max_pool2d"):
         evaluate(mod, [np.zeros((1, 4, 6, 6), "float32")])
-    import passes.substitutions.check as chk
+    import tvm_interop.passes.substitutions.check as chk
 
     xi = np.random.default_rng(0).standard_normal((1, 4, 6, 6)).astype("float32")
     np.testing.assert_allclose(chk._run(mod, [xi])[0], _run_tvm(mod, [xi])[0], rtol=1e-6, atol=1e-6)

@@ -14,9 +14,9 @@ import pytest
 import tvm
 
 import tvm_interop
-from passes.kernels import tuning
-from passes.kernels.fast_builder import InProcessBuilder, InProcessRunner, tensor_intrinsics_for
-from passes.kernels.tuning import TuningError, apply_database, tune_program, tuned_functions
+from tvm_interop.passes.kernels import tuning
+from tvm_interop.passes.kernels.fast_builder import InProcessBuilder, InProcessRunner, tensor_intrinsics_for
+from tvm_interop.passes.kernels.tuning import TuningError, apply_database, tune_program, tuned_functions
 
 FUNC = "fused_conv2d_relu"
 

@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import tvm_interop
-from passes.pipeline import pipeline
+from tvm_interop.passes.pipeline import pipeline
 
 
 def test_pipeline_pass_matches_compile(branchy_model, branchy_input, branchy_reference):

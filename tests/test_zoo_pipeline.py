@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import tvm_interop
-from passes.partition import cut_points
-from runtime.model import ScheduledModel
+from tvm_interop.passes.partition import cut_points
+from tvm_interop.runtime.model import ScheduledModel
 from tvm_interop.models import MODELS, get_model, list_models, small_config
 
 TOL = dict(rtol=1e-4, atol=1e-4)

@@ -8,21 +8,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.errors import InteropError
-from runtime.model import ScheduledModel
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.model import ScheduledModel
 
 log = logging.getLogger("tvm_interop")
 
 
 def _target_device_kind(target) -> str:
-    from passes.target import device_kind
+    from tvm_interop.passes.target import device_kind
 
     return device_kind(target)
 
 
 def _target_text(target) -> str:
     """A short, stable spelling of a target for plans and reports (``llvm``, ``cuda -arch=sm_90``)."""
-    from passes.target import target_text
+    from tvm_interop.passes.target import target_text
 
     return target_text(target)
 
@@ -50,8 +50,8 @@ def load_module(model, batch_size: int = 1, image_size: int | None = None, width
 
 def prepare_program(mod, target="llvm", name: str = "model", cpu_schedule: bool = True):
     """prepare (legalize + fuse, default CPU schedules on CPU targets) then extract: the Program and its OpGraph."""
-    from passes.extract import extract
-    from passes.prepare import prepare
+    from tvm_interop.passes.extract import extract
+    from tvm_interop.passes.prepare import prepare
 
     return extract(prepare(mod, target, cpu_schedule=cpu_schedule), name=name)
 
@@ -90,7 +90,7 @@ class CompiledModel:
         (``plan.meta["cuda_arches"]``), never as source: the library loads with TVM's runtime alone."""
         arches = self.plan.meta.get("cuda_arches")
         if arches:
-            from passes.cuda_compile import export_cuda_library
+            from tvm_interop.passes.cuda_compile import export_cuda_library
 
             export_cuda_library(self.runner.library, path, arches)
         else:
@@ -110,7 +110,7 @@ class CompiledModel:
 
     def memory_report(self) -> dict:
         """Activation memory (bytes) of the scheduled program vs the sequential one, from TVM's memory plan."""
-        from passes.as_built import memory_report
+        from tvm_interop.passes.as_built import memory_report
 
         return memory_report(self.built_program or self.program, self.built_schedule or self.schedule, self.target,
                              mode=self.runner.mode, max_streams=self.max_streams)
@@ -160,12 +160,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
     sequential for lack of a choice. The CPU keeps the compile-time guard (``guard``).
     """
-    from passes.build import build_library
-    from passes.lower import make_plan
-    from passes.guard import compare_libraries
-    from passes.merge import apply_merges, has_merges
-    from passes.schedule import Schedule
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
+    from tvm_interop.passes.guard import compare_libraries
+    from tvm_interop.passes.merge import apply_merges, has_merges
+    from tvm_interop.passes.schedule import Schedule
+    from tvm_interop.passes.schedulers import schedule_graph
 
     timings: dict = {}
     t0 = time.perf_counter()
@@ -173,12 +173,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     mod, model_name = load_module(model, batch_size=batch_size, image_size=image_size, width=width,
                                   shape_dict=shape_dict, **kw)
     model_name = name or model_name
-    from passes.target import normalize_target
+    from tvm_interop.passes.target import normalize_target
 
     target_text = _target_text(target)
     arches = None
     if _target_device_kind(normalize_target(target)) == "cuda":
-        from passes.target import requested_arches
+        from tvm_interop.passes.target import requested_arches
 
         arches = requested_arches(target, cuda_arch)
         # code is generated for the oldest requested arch, so it uses nothing a requested GPU lacks
@@ -195,7 +195,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         schedule = Schedule.load(schedule)
     if schedule is not None and schedule.search.get("substitutions"):
         # an autograph schedule belongs to the rewritten model: rewrite this one the same way (each rule checked)
-        from passes.autograph.search import apply_substitutions
+        from tvm_interop.passes.autograph.search import apply_substitutions
 
         mod = apply_substitutions(mod, schedule.search["substitutions"])
 
@@ -204,7 +204,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if tuning_db is not None:
             import dataclasses
 
-            from passes.kernels.tuning import apply_database
+            from tvm_interop.passes.kernels.tuning import apply_database
 
             t_db = time.perf_counter()
             p = dataclasses.replace(p, mod=apply_database(p.mod, target, tuning_db))
@@ -216,11 +216,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     timings["prepare"] = time.perf_counter() - t
     t = time.perf_counter()
     cost_model = None
-    from passes.search import is_timed_cost, search_schedule, timed_cost_model
+    from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
 
     measured = is_timed_cost(cost)
     if cost is None and schedule is None:
-        from passes.cost.registry import default_spec
+        from tvm_interop.passes.cost.registry import default_spec
 
         cost = default_spec(device_kind)
     if schedule is not None:
@@ -228,14 +228,14 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         sched.validate(program.graph)
         sched.check_device(device_kind, allow_mismatch=allow_device_mismatch)
     elif scheduler == "autograph":
-        from passes.autograph.driver import run_autograph
+        from tvm_interop.passes.autograph.driver import run_autograph
 
         def cost_for(prog):
             if measured:
                 cm = timed_cost_model(prog, target, cost, cache=cost_cache, batch=batch_size)
                 return cm, cm.close
             if isinstance(cost, str) and cost.startswith("table:"):
-                from passes.cost import get_cost_model
+                from tvm_interop.passes.cost import get_cost_model
 
                 cm = get_cost_model(cost)
                 cm.check_target(target_text)
@@ -251,7 +251,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if measured:
             cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
         elif isinstance(cost, str) and cost.startswith("table:"):
-            from passes.cost import get_cost_model
+            from tvm_interop.passes.cost import get_cost_model
 
             cost = get_cost_model(cost)
             cost.check_target(target_text)   # measured on another GPU arch / device kind: refused, both named
@@ -266,7 +266,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                 cost_model.close()
     memory = None
     if max_memory_ratio is not None or mode == "dependency":
-        from passes.memory_bound import bound_memory
+        from tvm_interop.passes.memory_bound import bound_memory
 
         bounded, mode, memory = bound_memory(program, sched, mode, max_memory_ratio)
         if bounded is not sched:
@@ -299,8 +299,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     timings["build"] = time.perf_counter() - t
     guard_result = None
     if guard and device_kind == "cpu" and sched.scheduler != "sequential":
-        from passes.guard import compare_plans, decide
-        from passes.lower import make_plan as _plan
+        from tvm_interop.passes.guard import compare_plans, decide
+        from tvm_interop.passes.lower import make_plan as _plan
 
         t = time.perf_counter()
         # the baseline is the model as given: sequential over the unrewritten program (autograph rewrites it)
@@ -348,7 +348,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
 def _unless_predicted_slower(sched, graph, model_name: str, batch_size: int):
     """The schedule, or sequential when its own cost model predicts it slower than sequential (a CPU build without
     the measured guard must not ship a schedule that its prediction already says loses)."""
-    from passes.schedulers import schedule_graph
+    from tvm_interop.passes.schedulers import schedule_graph
 
     pred, seq_pred = sched.predicted_latency, sched.sequential_latency
     if sched.scheduler == "sequential" or not pred or not seq_pred:
@@ -375,8 +375,8 @@ def reference_build(mod, target: str = "llvm"):
     import tvm
     from tvm import relax
 
-    from passes.cuda_build import cuda_pipeline, ensure_nvcc
-    from passes.target import normalize_target
+    from tvm_interop.passes.cuda_build import cuda_pipeline, ensure_nvcc
+    from tvm_interop.passes.target import normalize_target
 
     target = normalize_target(target)
     if target.kind.name == "cuda":  # TVM's default CUDA pipeline (DLight schedules), no CUDA graph
@@ -390,12 +390,12 @@ def run_reference(mod, inputs, target: str = "llvm"):
     import tvm
     from tvm import relax
 
-    from runtime.model import device_for
+    from tvm_interop.runtime.model import device_for
 
     ex = reference_build(mod, target)
     dev = device_for(_target_device_kind(target))
     vm = relax.VirtualMachine(ex, dev)
     out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
-    from runtime.model import vm_to_numpy
+    from tvm_interop.runtime.model import vm_to_numpy
 
     return vm_to_numpy(out)

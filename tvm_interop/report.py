@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 def chrome_trace(events: list[dict], name: str = "tvm-interop") -> dict:

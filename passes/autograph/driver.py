@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from ..cost.simulated import SimulatedDevice
 

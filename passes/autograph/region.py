@@ -16,7 +16,7 @@ from typing import Iterable
 import tvm
 from tvm import relax
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 def main_bindings(mod: tvm.IRModule) -> list:

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 import tvm
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from ..cost.simulated import SimulatedDevice
 from .estimate import DEFAULT_ALPHA, estimate_kernels, mixed_critical_path

@@ -15,8 +15,8 @@ import logging
 import os
 from pathlib import Path
 
-from runtime import atomic
-from runtime.errors import InteropError
+from tvm_interop.runtime import atomic
+from tvm_interop.runtime.errors import InteropError
 
 log = logging.getLogger(__name__)
 

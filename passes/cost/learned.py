@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from ..graph import OpGraph, Unit
 from ..list_scheduling import list_schedule, timeline_to_stages

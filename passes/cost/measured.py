@@ -12,8 +12,8 @@ from typing import Sequence
 
 import tvm
 
-from runtime.machine import cpu_identity
-from runtime.stage_timer import KernelCall, StageTimer
+from tvm_interop.runtime.machine import cpu_identity
+from tvm_interop.runtime.stage_timer import KernelCall, StageTimer
 
 from ..graph import Unit
 from .base import CostModel
@@ -81,7 +81,7 @@ class MeasuredCostModel(CostModel):
     # ------------------------------------------------------------------ kernels
     def _timer_ready(self) -> StageTimer:
         if self._timer is None:
-            from runtime.model import kernel_library, lookup_kernel
+            from tvm_interop.runtime.model import kernel_library, lookup_kernel
 
             if self._library is None:
                 self._library = tvm.compile(self.program.mod, self.target)
@@ -178,7 +178,7 @@ class MeasuredCostModel(CostModel):
         """The kernel calls of one merged subset (merged conv, split), building and caching its kernels."""
         import hashlib
 
-        from runtime.model import kernel_library, lookup_kernel
+        from tvm_interop.runtime.model import kernel_library, lookup_kernel
 
         from ..merge import build_merged_kernel
 

@@ -65,8 +65,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
-from runtime.errors import InteropError
-from runtime.json_file import read_json
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.json_file import read_json
 
 PARAMS_FORMAT = "tvm-interop-program-cost"
 PARAMS_VERSION = 1
@@ -175,7 +175,7 @@ class ProgramCostParams:
                                  meta=dict(d.get("meta", {})))
 
     def save(self, path: str) -> None:
-        from runtime import atomic
+        from tvm_interop.runtime import atomic
 
         atomic.write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
 
@@ -276,7 +276,7 @@ def issued_program(program, schedule, mode: str = "stage", cuda_graph: bool = Fa
     """The op list the stream lowering issues for ``schedule`` (``passes.lower_streams.plan_streams`` with the
     stream count ``lower_program`` uses; with ``cuda_graph`` the CUDA-graph function, input/output copies
     included)."""
-    from passes.lower_streams import plan_streams, resolve_stream_count
+    from tvm_interop.passes.lower_streams import plan_streams, resolve_stream_count
 
     n = resolve_stream_count(max_streams, schedule.max_concurrency())
     sp = plan_streams(program, schedule, mode, n, staged_io=cuda_graph, keep_alive=True)

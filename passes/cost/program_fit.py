@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from .program import IssuedProgram, ProgramCostParams, simulate
 

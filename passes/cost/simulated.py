@@ -71,7 +71,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from ..graph import Unit
 from . import registry

@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from runtime.errors import InteropError
-from runtime.json_file import read_json
-from runtime.profile_bundle import stage_key
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.json_file import read_json
+from tvm_interop.runtime.profile_bundle import stage_key
 
 from ..graph import OpGraph, Unit
 from . import registry

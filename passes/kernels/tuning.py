@@ -54,8 +54,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBModel
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from runtime import atomic
-from runtime.errors import InteropError
+from tvm_interop.runtime import atomic
+from tvm_interop.runtime.errors import InteropError
 
 from .fast_builder import BuildStats, InProcessBuilder, InProcessRunner, TimedBuilder, TimedRunner, \
     build_candidate, measure_module, tensor_intrinsics_for

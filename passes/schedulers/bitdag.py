@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from ..graph import OpGraph, Unit
 

@@ -11,7 +11,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 class SchedulerOptionError(InteropError):

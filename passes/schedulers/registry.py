@@ -6,7 +6,7 @@ as soon as it is imported.
 """
 from __future__ import annotations
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 from .base import Scheduler
 from .exhaustive import ExhaustiveScheduler

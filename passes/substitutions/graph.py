@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 __all__ = [
     "DataflowGraph",

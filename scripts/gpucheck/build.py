@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runtime import atomic
+from tvm_interop.runtime import atomic
 
 from .common import CARRY_LIMIT, FUNC
 from .device import SOURCE_FORMATS, cuda_kernel_formats
@@ -71,7 +71,7 @@ def _export_xz(ex, path: str, arches: list[str] | None = None) -> list[str]:
     import lzma
 
     if arches:
-        from passes.cuda_compile import export_cuda_library
+        from tvm_interop.passes.cuda_compile import export_cuda_library
 
         export_cuda_library(ex, path, arches)
     else:
@@ -137,14 +137,14 @@ def _build(ctx: BuildContext, mod, graph_funcs: list[str], strict: bool = True, 
     """``(executable, CudaBuildReport)``. For CUDA the scheduled library is checked inside the build, on the IR it
     compiles (the as-built memory check; the build refuses an unsafe program); a CPU dry run is a plain compile."""
     if ctx.gpu:
-        from passes.as_built import memory_check_pass
-        from passes.cuda_build import build_cuda
+        from tvm_interop.passes.as_built import memory_check_pass
+        from tvm_interop.passes.cuda_build import build_cuda
 
         return build_cuda(mod, ctx.target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict,
                           after_kill=[memory_check_pass()] if check else (), arches=ctx.arches)
     import tvm
 
-    from passes.cuda_build import CudaBuildReport
+    from tvm_interop.passes.cuda_build import CudaBuildReport
 
     return tvm.compile(mod, ctx.target), CudaBuildReport()
 
@@ -166,7 +166,7 @@ def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], 
     second name, fresh variables): variants, library, kernel formats."""
     from tvm.relax.utils import copy_with_new_vars
 
-    from passes.lower_streams import lift_main_constants
+    from tvm_interop.passes.lower_streams import lift_main_constants
 
     plain = lift_main_constants(program)
     main_fn = copy_with_new_vars(plain["main"])
@@ -185,9 +185,9 @@ def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], 
 def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
     """Every (scheduler, mode) program, stream-lowered and checked: ``(scheduler, mode, prefix, lowered,
     schedule)``."""
-    from passes.as_built import check_lowered
-    from passes.lower_streams import lower_program
-    from passes.schedulers import available_schedulers, schedule_graph
+    from tvm_interop.passes.as_built import check_lowered
+    from tvm_interop.passes.lower_streams import lower_program
+    from tvm_interop.passes.schedulers import available_schedulers, schedule_graph
 
     out = []
     for sname in [s for s in ctx.args.schedulers.split(",") if s]:
@@ -208,7 +208,7 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
 def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], str, list[str]]:
     """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
     variants, library, kernel formats."""
-    from runtime.cuda import MAIN_GRAPH_FUNC
+    from tvm_interop.runtime.cuda import MAIN_GRAPH_FUNC
 
     pending = _lowered(ctx, name, program)
     graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _ in pending]
@@ -232,7 +232,7 @@ def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dic
 
 def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
     """The manifest fields of the PyTorch baseline: its graph JSON, or why there is none."""
-    from runtime.errors import UnsupportedModelError
+    from tvm_interop.runtime.errors import UnsupportedModelError
 
     path = os.path.join("libs", f"{name}.torch.json")
     try:
@@ -262,8 +262,8 @@ def build_model(ctx: BuildContext, name: str) -> dict:
 
 
 def _context(args) -> BuildContext:
-    from passes.cuda_build import ensure_nvcc
-    from passes.target import normalize_target
+    from tvm_interop.passes.cuda_build import ensure_nvcc
+    from tvm_interop.passes.target import normalize_target
 
     target = normalize_target(args.target)
     gpu = target.kind.name == "cuda"

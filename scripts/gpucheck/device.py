@@ -18,11 +18,24 @@ import sys
 from typing import Any, Callable, Iterable
 
 # Modules that belong to TVM's compiler side (or to this project's compile-time code). The device-side steps
-# import none of them: ``passes`` and the ``tvm_interop`` front door (``tvm_interop/__init__`` imports the
-# compile API) are build-time code, and ``tvm.relax`` & co. need libtvm_compiler.so. (``import tvm`` itself loads
-# tvm.target, tvm.ir, tvm.te, ... in runtime-only mode too, so those are not a sign of anything.)
-COMPILER_ONLY_MODULES = ("passes", "tvm_interop", "tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule",
+# import none of them: every ``tvm_interop`` module except the package itself (a lazy front door) and
+# ``tvm_interop.runtime`` is build-time code (``tvm_interop.passes``, the compile API), and ``tvm.relax`` & co.
+# need libtvm_compiler.so. (``import tvm`` itself loads tvm.target, tvm.ir, tvm.te, ... in runtime-only mode
+# too, so those are not a sign of anything.)
+COMPILER_ONLY_MODULES = ("tvm_interop", "passes", "tvm.relax", "tvm.s_tir", "tvm.topi", "tvm.meta_schedule",
                          "tvm.dlight", "tvm.contrib.nvcc")
+RUNTIME_MODULES = ("tvm_interop.runtime",)   # inside a compiler-only prefix, yet runtime-only
+
+
+def is_compiler_only(name: str) -> bool:
+    """Whether importing module ``name`` means compile-time code ran (``tvm_interop`` alone does not)."""
+    def under(prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    if name == "tvm_interop" or any(under(p) for p in RUNTIME_MODULES):
+        return False
+    return any(under(p) for p in COMPILER_ONLY_MODULES)
+
 
 # How TVM serializes a CUDA module inside a library's packed-imports blob: the kind (u64 length + "cuda"), the
 # payload's u64 length, then the payload, which starts with the format (u64 length + name). Format "cuda" is
@@ -42,7 +55,7 @@ class SourceKernelsError(RuntimeError):
 # ---------------------------------------------------------------------------------------------- runtime only
 def compiler_modules_loaded() -> list[str]:
     """The compiler-only modules this process has imported (none, on the device-side path)."""
-    return sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in COMPILER_ONLY_MODULES))
+    return sorted(m for m in sys.modules if is_compiler_only(m))
 
 
 def runtime_only_status() -> dict:
@@ -57,7 +70,7 @@ def open_device(manifest: dict) -> tuple[Any, bool]:
     not load it by itself), or the CPU for a dry run built with ``--target llvm``."""
     import tvm
 
-    from runtime.cuda import check_cuda_device, ensure_cuda_runtime
+    from tvm_interop.runtime.cuda import check_cuda_device, ensure_cuda_runtime
 
     if manifest.get("device", "cuda") == "cuda":
         ensure_cuda_runtime()
@@ -73,7 +86,7 @@ def library_path(d: str, lib: str) -> str:
     import lzma
     import tempfile
 
-    from runtime import atomic
+    from tvm_interop.runtime import atomic
 
     path = os.path.join(d, lib)
     if os.path.exists(path):

@@ -95,7 +95,7 @@ def classify(run: dict, serialized: dict | None, tol: float) -> str:
 
 
 def _write(out: str, name: str, result: dict, markdown: bool) -> None:
-    from runtime import atomic
+    from tvm_interop.runtime import atomic
 
     os.makedirs(out, exist_ok=True)
     atomic.write_text(os.path.join(out, name + ".json"), json.dumps(result, indent=1))

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from runtime.errors import DeviceError
+from tvm_interop.runtime.errors import DeviceError
 
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
                      runtime_only_status)
@@ -195,7 +195,7 @@ def _interleaved_pick(calls: dict, sync, rounds: int) -> dict:
     (``runtime.picker.choose``: lowest median, ties within 1% to the earlier name)."""
     import numpy as np
 
-    from runtime.picker import TIE, choose
+    from tvm_interop.runtime.picker import TIE, choose
 
     names = list(calls)
     times = {n: [] for n in names}
@@ -311,7 +311,7 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
 
 
 def _write(out: str, result: dict) -> None:
-    from runtime import atomic
+    from tvm_interop.runtime import atomic
 
     os.makedirs(out, exist_ok=True)
     atomic.write_text(os.path.join(out, "gpu_check.json"), json.dumps(result, indent=1))

@@ -6,7 +6,7 @@ import importlib
 import logging
 import sys
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 _COMMANDS = ["compile_cmd", "run_cmd", "models_cmd", "schedule_cmd", "show_cmd", "tune_cmd", "profile_cmd", "pick_cmd"]
 

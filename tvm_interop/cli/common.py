@@ -8,7 +8,7 @@ import os
 import sys
 
 # loggers whose INFO lines are the progress of long compile-time work (timed searches, the guard)
-PROGRESS_LOGGERS = ("passes.cost.measured", "passes.cost.learned", "passes.schedulers.active", "tvm_interop")
+PROGRESS_LOGGERS = ("tvm_interop.passes.cost.measured", "tvm_interop.passes.cost.learned", "tvm_interop.passes.schedulers.active", "tvm_interop")
 
 
 def add_model_args(p) -> None:
@@ -20,7 +20,7 @@ def add_model_args(p) -> None:
 
 def parse_tuning_databases(items: list[str]) -> dict[str, str]:
     """``MODEL=DIR`` pairs (a ``--tuned`` option given several times) as {model: tuning database directory}."""
-    from runtime.errors import InteropError
+    from tvm_interop.runtime.errors import InteropError
 
     out = {}
     for item in items:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError
 
 
 def _describe(sig: dict) -> str:
@@ -65,7 +65,7 @@ def read_inputs(spec: str, signature: Sequence[dict]) -> list[np.ndarray]:
 
 def write_outputs(path: str, outputs: Sequence[np.ndarray]) -> None:
     """``.npy`` (a model with exactly one output) or ``.npz`` (``output_0, output_1...``), written atomically."""
-    from runtime import atomic
+    from tvm_interop.runtime import atomic
 
     buf = io.BytesIO()
     if path.endswith(".npz"):

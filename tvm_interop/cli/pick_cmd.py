@@ -23,9 +23,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import runtime
-    from runtime.errors import InteropError
-    from runtime.picker import pick_fastest, save_pick
+    from tvm_interop import runtime
+    from tvm_interop.runtime.errors import InteropError
+    from tvm_interop.runtime.picker import pick_fastest, save_pick
 
     if args.rounds < 1 or args.warmup < 0:
         raise InteropError("--rounds must be >= 1 and --warmup >= 0")

@@ -51,13 +51,13 @@ def register(sub) -> None:
 def run_bundle(args) -> int:
     import os
 
-    from passes.profile_bundle import BundleOptions, build_profile_bundle
+    from tvm_interop.passes.profile_bundle import BundleOptions, build_profile_bundle
     from tvm_interop.api import load_module, prepare_program
 
     kw = {"depth": args.depth} if args.depth is not None else {}
     status(args, f"preparing {args.model} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width, **kw)
-    from passes.target import normalize_target
+    from tvm_interop.passes.target import normalize_target
 
     target = normalize_target(args.target)
     program = prepare_program(mod, target, name=name)
@@ -70,7 +70,7 @@ def run_bundle(args) -> int:
                "seconds": bundle.seconds,
                "sources": _count_sources(bundle.plan["stages"])}
     if args.measure:
-        from runtime.profile_bundle import measure_bundle
+        from tvm_interop.runtime.profile_bundle import measure_bundle
 
         out = os.path.join(args.output, "costs.json")
         table = measure_bundle(args.output, out=out)
@@ -97,7 +97,7 @@ def _count_sources(stages) -> dict:
 
 
 def run_measure(args) -> int:
-    from runtime.profile_bundle import measure_bundle
+    from tvm_interop.runtime.profile_bundle import measure_bundle
 
     import os
 

@@ -25,10 +25,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import runtime
-
+    from tvm_interop import runtime
     if args.repeat < 1:
-        from runtime.errors import InteropError
+        from tvm_interop.runtime.errors import InteropError
 
         raise InteropError("--repeat must be >= 1")
     model = runtime.load(args.library, executor=args.executor)
@@ -41,7 +40,7 @@ def run(args) -> int:
             rng = np.random.default_rng(args.seed)
             inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in model.inputs]
         if args.output and not args.output.endswith((".npy", ".npz")):
-            from runtime.errors import InteropError
+            from tvm_interop.runtime.errors import InteropError
 
             raise InteropError(f"--output must end in .npy or .npz, got {args.output!r}")
         stats = model.benchmark(*inputs, repeat=args.repeat, warmup=args.warmup)

@@ -150,7 +150,7 @@ def scheduler_options(args) -> dict:
 def load_graph(args):
     model = args.model
     if model.startswith("synthetic:"):
-        from passes.synthetic import synthetic_model
+        from tvm_interop.passes.synthetic import synthetic_model
 
         return synthetic_model(model.split(":", 1)[1], batch=args.batch)
     from tvm_interop.api import model_graph
@@ -159,10 +159,10 @@ def load_graph(args):
 
 
 def run(args) -> int:
-    from passes.cost import get_cost_model
-    from runtime.errors import InteropError
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.runtime.errors import InteropError
 
-    from passes.search import is_timed_cost, search_schedule, timed_cost_model
+    from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
 
     status(args, f"loading {args.model} (batch {args.batch}) ...")
     t0 = time.perf_counter()
@@ -198,10 +198,10 @@ def run(args) -> int:
 
 def _run_autograph(args, t0: float) -> int:
     """``--scheduler autograph``: the search needs the model (it rewrites it) and prepares every candidate."""
-    from passes.autograph.driver import run_autograph
-    from passes.cost import get_cost_model
-    from passes.search import is_timed_cost, timed_cost_model
-    from runtime.errors import InteropError
+    from tvm_interop.passes.autograph.driver import run_autograph
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.search import is_timed_cost, timed_cost_model
+    from tvm_interop.runtime.errors import InteropError
     from tvm_interop.api import load_module, prepare_program
 
     if args.model.startswith("synthetic:"):

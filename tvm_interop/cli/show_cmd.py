@@ -23,13 +23,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from passes.schedule import Schedule
-    from runtime.errors import InteropError
+    from tvm_interop.passes.schedule import Schedule
+    from tvm_interop.runtime.errors import InteropError
     from tvm_interop import report
 
     if args.path.endswith(".so"):
-        import runtime
-
+        from tvm_interop import runtime
         model = runtime.load(args.path, executor="threads")
         meta = model.plan.meta
         ex = model._thread_executor()

@@ -40,7 +40,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import time
 
-    from passes.kernels.tuning import tune_program
+    from tvm_interop.passes.kernels.tuning import tune_program
 
     from ..api import load_module, prepare_program
 

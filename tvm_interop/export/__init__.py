@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 __all__ = ["to_onnx", "to_torch", "read_relax", "RelaxGraph", "Node", "SUPPORTED_OPS", "ZOO_OPS"]
 

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 from . import RelaxGraph, read_relax
 

@@ -26,7 +26,7 @@ import operator
 
 import numpy as np
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 from . import RelaxGraph, read_relax
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 
 def require(module: str, extra: str, what: str) -> Any:

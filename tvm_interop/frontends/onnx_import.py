@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runtime.errors import InputError, UnsupportedModelError
+from tvm_interop.runtime.errors import InputError, UnsupportedModelError
 
 from ._common import check_static_inputs, for_inference, require
 

@@ -5,7 +5,7 @@ import re
 import warnings
 from typing import Any
 
-from runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import UnsupportedModelError
 
 from ._common import check_static_inputs, for_inference, require
 
