@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import tvm
+from tvm import relax
 
 from tvm_interop.runtime.errors import InteropError
 
@@ -103,9 +104,16 @@ class AutographResult:
 
 
 def _node_names(mod) -> list[str]:
-    from ..substitutions import dataflow_nodes
+    """The names of ``dataflow_nodes(mod)`` (op calls and tuple items, program order), read off the bindings
+    without building the nodes (shapes, FLOPs): the search asks this of every state."""
+    from .region import main_bindings
 
-    return [n.name for n in dataflow_nodes(mod)]
+    out = []
+    for b in main_bindings(mod):
+        v = b.value
+        if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)) or isinstance(v, relax.TupleGetItem):
+            out.append(b.var.name)
+    return out
 
 
 def _param_shapes(mod) -> dict[str, tuple]:
@@ -125,18 +133,21 @@ def _state_hash(mod) -> int:
     return tvm_ffi.structural_hash(mod, map_free_vars=True, skip_tensor_content=True)
 
 
-def estimate_cost(mod, device: SimulatedDevice, alpha: float = DEFAULT_ALPHA) -> float:
-    """The mixed critical-path estimate of ``mod``'s ``main`` (seconds)."""
+def estimate_cost(mod, device: SimulatedDevice, alpha: float = DEFAULT_ALPHA, nodes=None) -> float:
+    """The mixed critical-path estimate of ``mod``'s ``main`` (seconds); ``nodes``: its dataflow nodes when the
+    caller has them already."""
     from ..substitutions import dataflow_nodes
 
-    return mixed_critical_path(estimate_kernels(dataflow_nodes(mod), _param_shapes(mod)), device, alpha)
+    nodes = dataflow_nodes(mod) if nodes is None else nodes
+    return mixed_critical_path(estimate_kernels(nodes, _param_shapes(mod)), device, alpha)
 
 
-def _apply(mod, match, check: bool):
-    """(rewritten module, names it created in program order) or raise SubstitutionError."""
+def _apply(mod, match, check: bool, before: set[str] | None = None):
+    """(rewritten module, names it created in program order) or raise SubstitutionError. ``before``: the names
+    of ``mod``'s nodes, when the caller applies several matches to one module."""
     from ..substitutions import apply_match
 
-    before = set(_node_names(mod))
+    before = set(_node_names(mod)) if before is None else before
     new = apply_match(mod, match, check=check)
     return new, tuple(n for n in _node_names(new) if n not in before)
 
@@ -159,11 +170,12 @@ def search_region(region, device: SimulatedDevice, rules: Sequence[str] | None, 
         cost, _, mod, steps = heapq.heappop(heap)
         if cost > best * relax or len(steps) >= max_depth:
             continue
+        before = set(_node_names(mod))
         for match in find_matches(mod, rules=rules):
             if match.rule in result.rejected:
                 continue
             try:
-                new, created = _apply(mod, match, check)
+                new, created = _apply(mod, match, check, before)
             except SubstitutionError as e:
                 result.rejected[match.rule] = str(e)
                 log.warning("autograph: substitution %s rejected: %s", match.rule, e)
