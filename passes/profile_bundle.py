@@ -5,7 +5,7 @@ device. A GPU machine here has TVM's runtime only, so the work is split:
 
 1. here (compiler): :func:`build_profile_bundle` collects the **candidate stages** and builds them into
    ``bundle.so`` + ``bundle.json``;
-2. there (runtime only): ``python -m runtime.profile_bundle BUNDLE_DIR -o costs.json`` measures all of them (CUDA
+2. there (runtime only): ``python -m tvm_interop.runtime.profile_bundle BUNDLE_DIR -o costs.json`` measures all of them (CUDA
    events via TVM's ``time_evaluator`` on a GPU; worker threads and the wall clock on a CPU) and writes a cost
    table;
 3. here again: any scheduler with ``cost="table:costs.json"`` (``passes.cost.table``) searches with the measured

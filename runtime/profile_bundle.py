@@ -1,6 +1,6 @@
 """Measure a profiling bundle (built by ``passes.profile_bundle``) on this machine, with TVM's runtime only.
 
-    python -m runtime.profile_bundle BUNDLE_DIR -o costs.json [--device cuda|cpu] [--method vm|threads]
+    python -m tvm_interop.runtime.profile_bundle BUNDLE_DIR -o costs.json [--device cuda|cpu] [--method vm|threads]
 
 Every stage of the bundle is timed in one batch and the result written as a **cost table** (JSON) that
 ``passes.cost.table`` (``cost="table:costs.json"``) reads:
@@ -167,7 +167,7 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runtime.profile_bundle",
+    p = argparse.ArgumentParser(prog="python -m tvm_interop.runtime.profile_bundle",
                                 description="Measure every stage of a tvm-interop profiling bundle (runtime only).")
     p.add_argument("bundle", help="bundle directory (bundle.so + bundle.json)")
     p.add_argument("-o", "--output", default=None, help="cost table to write (default BUNDLE/costs.json)")

@@ -39,7 +39,7 @@ class TableCostModel(CostModel):
     def __init__(self, path: str, fallback: str = "units"):
         table = read_json(path, f"cost table {path}")
         if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
-            raise InteropError(f"{path} is not a tvm-interop cost table (run python -m runtime.profile_bundle)")
+            raise InteropError(f"{path} is not a tvm-interop cost table (run python -m tvm_interop.runtime.profile_bundle)")
         self.path = path
         self.table = table
         self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}

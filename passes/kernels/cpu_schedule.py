@@ -43,7 +43,7 @@ a kernel is never wrong. The plans were tuned on a 2-core AMD EPYC (AVX2) with `
 ``schedule_cpu(..., parallel=False)`` produces single-threaded kernels, for an executor that runs several
 kernels at the same time on its own worker threads (TVM's thread pool inside each kernel would compete).
 
-Run ``python -m passes.kernels.cpu_schedule --help`` for the benchmark of the default build vs this schedule.
+Run ``python -m tvm_interop.passes.kernels.cpu_schedule --help`` for the benchmark of the default build vs this schedule.
 """
 from __future__ import annotations
 

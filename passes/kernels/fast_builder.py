@@ -29,7 +29,7 @@ build. Its ``LocalRunner`` keeps one worker process alive, but needs ``cloudpick
 Measured on the 2-core EPYC dev machine (busy, load ~3.5), 3x3 conv 64->64 at 56x56, 16 trials in batches of 8:
 the stock ``LocalBuilder`` (2 worker processes, timeout raised to 1800 s) spends 28.8 s per candidate (about 230 s
 per batch, mostly the workers' imports); :class:`InProcessBuilder` 0.30 s, and a whole trial (search + build +
-run) costs 1.1 s instead of 30 s. Reproduce with ``python -m passes.kernels.tuning --help``.
+run) costs 1.1 s instead of 30 s. Reproduce with ``python -m tvm_interop.passes.kernels.tuning --help``.
 """
 from __future__ import annotations
 

@@ -852,7 +852,7 @@ def database_summary(work_dir: str) -> dict:
 
 
 def _main(argv=None) -> None:  # pragma: no cover - benchmark helper
-    """Tune one convolution layer and print the per-trial time (``python -m passes.kernels.tuning --help``)."""
+    """Tune one convolution layer and print the per-trial time (``python -m tvm_interop.passes.kernels.tuning --help``)."""
     import argparse
 
     from tvm import relax

@@ -2,7 +2,7 @@
 measure them all in one batch, and schedule with the measured table.
 
     tvm-interop profile-bundle inception_v3 --target cuda -o bundle/        # here (needs the compiler, no GPU)
-    python -m runtime.profile_bundle bundle/ -o costs.json                  # on the GPU machine (runtime only)
+    python -m tvm_interop.runtime.profile_bundle bundle/ -o costs.json                  # on the GPU machine (runtime only)
     tvm-interop profile-measure bundle/ -o costs.json                       # or here, on this machine's device
     tvm-interop compile inception_v3 --target cuda --scheduler ios --cost table:costs.json -o m.so
 """
@@ -18,7 +18,7 @@ def register(sub) -> None:
         "profile-bundle", help="build every stage a schedule search may cost into one .so + plan JSON",
         description="Build the candidate stages of a model (each unit alone, the greedy / lios stages, and every "
                     "stage IOS costs with small r, s on small blocks) into BUNDLE_DIR/bundle.so and bundle.json, "
-                    "to be measured in one batch by `python -m runtime.profile_bundle` (runtime only) or "
+                    "to be measured in one batch by `python -m tvm_interop.runtime.profile_bundle` (runtime only) or "
                     "`tvm-interop profile-measure`.",
         epilog="example: tvm-interop profile-bundle squeezenet --target cuda -o bundle/")
     add_model_args(p)
@@ -84,7 +84,7 @@ def run_bundle(args) -> int:
         if args.measure:
             print(f"measured in {summary['measure_seconds']:.1f} s -> {summary['cost_table']}")
         else:
-            print(f"measure with: python -m runtime.profile_bundle {args.output} -o costs.json", file=sys.stderr)
+            print(f"measure with: python -m tvm_interop.runtime.profile_bundle {args.output} -o costs.json", file=sys.stderr)
     return 0
 
 
