@@ -146,3 +146,35 @@ def test_autograph_under_the_measured_cpu_cost_verifies_by_timing(tmp_path):
         assert ag["unrewritten_latency"] > 0 and ag["candidates"] >= 2
         assert cm.schedule.search.get("measurements", 0) + cm.schedule.search.get("cache_hits", 0) > 0
     cm.close()
+
+
+def test_autograph_inside_tvm_compile_and_its_schedule_reapplied(tmp_path):
+    """The pipeline pass (``tvm.compile(..., relax_pipeline=pipeline(scheduler="autograph"))``) rewrites and
+    schedules like the compile API, and a saved autograph schedule given to the pass rewrites the model the same
+    way: both builds compute what plain TVM computes."""
+    import tvm
+    from tvm import relax
+
+    from tvm_interop.passes.pipeline import pipeline
+
+    mod, desc = random_cell_model(6)   # rewritten by three rules (see the cell-model test)
+    x = random_input(mod, 6)
+    ref = _flat(tvm_interop.run_reference(mod, [x]))
+    captured = {}
+
+    @tvm.transform.module_pass(opt_level=0)
+    def grab(m, _ctx):
+        captured["schedule"] = str(m.attrs["tvm_interop.schedule"])
+        return m
+
+    with tvm.target.Target("llvm"):
+        tvm.transform.Sequential([pipeline(scheduler="autograph", cost="sim:h100"), grab])(mod)
+    saved = json.loads(captured["schedule"])
+    assert saved["scheduler"] == "autograph" and saved["search"]["substitutions"], desc
+    path = tmp_path / "s.json"
+    path.write_text(captured["schedule"])
+    for pipe in (pipeline(scheduler="autograph", cost="sim:h100"), pipeline(schedule=str(path))):
+        vm = relax.VirtualMachine(tvm.compile(mod, "llvm", relax_pipeline=pipe), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(x))
+        outs = [out] if hasattr(out, "numpy") else list(out)
+        np.testing.assert_allclose(_flat([o.numpy() for o in outs]), ref, **TOL, err_msg=desc)
