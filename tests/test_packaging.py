@@ -3,6 +3,7 @@ top-level ``passes`` or ``runtime`` in a user's site-packages -- and every sourc
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,16 @@ FOLDERS = {"tvm_interop": "tvm_interop", "passes": "tvm_interop/passes", "runtim
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> str:
+    # built from a copy of what the wheel is made of, so no build/ folder in the checkout (stale files in it
+    # would go into the wheel) and nothing written into the repository
+    src = tmp_path_factory.mktemp("src")
+    for folder in FOLDERS:
+        shutil.copytree(os.path.join(REPO, folder), src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, f), src / f)
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", REPO, "--no-deps", "--no-build-isolation", "-q",
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                         "--disable-pip-version-check", "-w", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     (name,) = [f for f in os.listdir(out) if f.endswith(".whl")]
