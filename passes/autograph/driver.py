@@ -54,16 +54,22 @@ def run_autograph(mod, *, prepare: Callable, cost_for: Callable, device_kind: st
                   max_block_size: int | None = None, progress: Callable[[str], None] | None = None):
     """AutoGraph on ``mod``: ``prepare(module) -> Program``; ``cost_for(program) -> (cost model, close)`` gives the
     cost each candidate is scheduled under (``close`` releases a timed one). Returns :class:`AutographResult`."""
+    from ..cost import get_cost_model
+    from ..schedulers.block_memo import BlockMemo, prices_by_structure
     from ..search import search_schedule
     from .search import autograph_search
 
     search_opts, inner, inner_opts = split_options(options)
+    # the candidates share most of their blocks: under a cost that prices by structure, each block is searched once
+    memo = BlockMemo()
 
     def schedule(program):
         cost, close = cost_for(program)
         try:
-            sched = search_schedule(program.graph, inner, cost, max_block_size=max_block_size,
-                                    model_name=model_name, batch=batch, **inner_opts)
+            model = get_cost_model(cost)
+            extra = {"memo": memo} if prices_by_structure(model) else {}
+            sched = search_schedule(program.graph, inner, model, max_block_size=max_block_size,
+                                    model_name=model_name, batch=batch, **extra, **inner_opts)
         finally:
             close()
         return sched
@@ -72,5 +78,7 @@ def run_autograph(mod, *, prepare: Callable, cost_for: Callable, device_kind: st
                               progress=progress, **search_opts)
     sched = result.schedule
     sched.search["autograph"]["scheduler"] = inner
+    sched.search["autograph"]["blocks_reused"] = memo.hits
+    sched.search["autograph"]["blocks_searched"] = memo.misses
     sched.scheduler = "autograph"
     return result

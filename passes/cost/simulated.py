@@ -117,6 +117,10 @@ _Kernel = tuple
 class SimulatedDevice(CostModel):
     """Analytical device model; ``SimulatedDevice("h100")`` or ``SimulatedDevice(spec=DeviceSpec(...))``."""
 
+    #: a unit's cost follows from its kind, shapes, FLOPs, bytes and attributes alone (names and kernels play no
+    #: part), so a block's schedule may be reused for a structurally equal block (``schedulers.block_memo``)
+    prices_by_structure = True
+
     def __init__(self, preset: str | None = "h100", spec: DeviceSpec | None = None, **overrides):
         if spec is None:
             key = (preset or "h100").lower()

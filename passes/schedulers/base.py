@@ -27,6 +27,7 @@ from ..graph import OpGraph
 from ..contract import DEFAULT_GRANULARITY, chain_cost, check_granularity, contract_chains, expand_stages, identity
 from ..partition import DEFAULT_BLOCK_STATES, DEFAULT_MAX_FRONTIER, Block, frontier_blocks, split_large
 from ..schedule import Stage
+from .block_memo import BlockMemo, prices_by_structure
 from .options import Option, resolve_options
 from .result import SchedulerResult, SearchStats
 
@@ -68,7 +69,8 @@ class Scheduler(ABC):
 
     def schedule(self, graph: OpGraph, cost: CostModel, max_block_size: int | None = None,
                  unit_granularity: str = DEFAULT_GRANULARITY, max_frontier: int = DEFAULT_MAX_FRONTIER,
-                 max_block_states: int | None = DEFAULT_BLOCK_STATES, **options: Any) -> SchedulerResult:
+                 max_block_states: int | None = DEFAULT_BLOCK_STATES, memo: BlockMemo | None = None,
+                 **options: Any) -> SchedulerResult:
         """Schedule a whole model: per block (unless ``whole_graph``), stages concatenated in block order.
 
         The search sees schedule units (``unit_granularity="chain"``: single-consumer chains of kernels
@@ -78,7 +80,9 @@ class Scheduler(ABC):
         exact search (``exact_blocks``) gets IOS's blocks: barriers at small frontiers (at most ``max_frontier``
         live tensors) so that each block has at most ``max_block_states`` down-sets
         (:func:`passes.partition.frontier_blocks`); other schedulers are cut at cut points only, which loses
-        nothing. ``stats.seconds`` is the wall time of the whole call.
+        nothing. ``stats.seconds`` is the wall time of the whole call. ``memo`` (a :class:`BlockMemo`) hands back
+        the stages of a block already scheduled with the same structure, options and cost model, when the cost
+        model prices by structure (:func:`~passes.schedulers.block_memo.prices_by_structure`).
         """
         values = self.resolve_options(options)
         t0 = time.perf_counter()
@@ -98,7 +102,14 @@ class Scheduler(ABC):
         for i, b in enumerate(blocks):
             part = search_graph if len(blocks) == 1 else search_graph.subgraph(b.units, name=f"{graph.name}/block{i}")
             part.schedule_units = granularity   # what one unit of this graph is, for searches sized by it
-            result = self._place_timed(part, search_cost, values)
+            key = (memo.key(self.name, {**values, "granularity": granularity}, cost, part, contraction.members,
+                            contraction.kernels)
+                   if memo is not None and prices_by_structure(cost) else None)
+            result = memo.get(key, part) if key is not None else None
+            if result is None:
+                result = self._place_timed(part, search_cost, values)
+                if key is not None:
+                    memo.put(key, part, result)
             stages.extend(expand_stages(result.stages, contraction.members))
             stats.add(result.stats)
             searched.append(result.stats)

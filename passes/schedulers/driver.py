@@ -27,6 +27,7 @@ def schedule_graph(
     model_name: str = "",
     unit_granularity: str = DEFAULT_GRANULARITY,
     batch: int | None = None,
+    memo=None,
     **options,
 ) -> Schedule:
     """Schedule a whole model with the scheduler named ``scheduler`` and its ``options``.
@@ -36,7 +37,8 @@ def schedule_graph(
     ``unit_granularity`` is what the search schedules (``"chain"``: single-consumer chains of kernels as one unit,
     the default; ``"kernel"``: every kernel), and ``max_frontier`` / ``max_block_states`` shape the blocks of an
     exact search (see :meth:`passes.schedulers.base.Scheduler.schedule`); the blocks are recorded in
-    ``Schedule.search["blocks"]``. An option the scheduler does not declare is an
+    ``Schedule.search["blocks"]``. ``memo`` (``passes.schedulers.block_memo.BlockMemo``) reuses the schedules of
+    blocks seen before in related graphs (autograph's candidates). An option the scheduler does not declare is an
     ``InteropError`` (``SchedulerOptionError``) listing the options it has.
     """
     sched = get_scheduler(scheduler)
@@ -45,7 +47,7 @@ def schedule_graph(
     if check_graph is not None:
         check_graph(graph, model_name)
     result = sched.schedule(graph, cost_model, max_block_size=max_block_size, unit_granularity=unit_granularity,
-                            **options)
+                            memo=memo, **options)
     search = result.stats.to_json()
     search["blocks"] = result.blocks
     search["schedule_units"] = sum(b["units"] for b in result.blocks)
