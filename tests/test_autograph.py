@@ -14,18 +14,9 @@ from tvm_interop.runtime.model import ScheduledModel
 from tvm_interop.api import prepare_program
 from tvm_interop.cli import main
 from tvm_interop.fuzz import random_cell_model, random_input, random_model
-from tvm_interop.models import get_model, list_models
+from tvm_interop.models import get_model, list_models, small_config
 
 TOL = dict(rtol=1e-4, atol=1e-4)
-SMALL = {
-    "inception_v3": dict(image_size=75, width=0.125, depth=1),
-    "randwire": dict(image_size=16, width=0.0625, depth=5),
-    "nasnet_a_large": dict(image_size=32, width=0.0625, depth=1),
-    "nasnet_a_mobile": dict(image_size=32, width=0.125, depth=1),
-    "squeezenet": dict(image_size=32, width=0.25),
-    "resnet50": dict(image_size=32, width=0.125, depth=1),
-    "googlenet": dict(image_size=64, width=0.125),
-}
 
 
 def _input(mod, seed=0):
@@ -40,9 +31,9 @@ def _search(mod, cost="sim:h100", **options):
                          options=options)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", list_models())
 def test_zoo_autograph_matches_plain_tvm_on_both_executors(name):
-    mod = get_model(name, **SMALL[name])
+    mod = get_model(name, **small_config(name))
     x = _input(mod)
     ref = tvm_interop.run_reference(mod, [x])
     # no memory bound: a tightened schedule is re-priced as a new one, and this test checks the search's pick
@@ -63,7 +54,7 @@ def test_zoo_autograph_matches_plain_tvm_on_both_executors(name):
 def test_saved_candidate_with_substitutions_rebuilds_the_same_numbers(name, tmp_path):
     """Every verified candidate's schedule carries its substitutions: compiling the original model with it
     rewrites the model the same way, and the scheduled, rewritten program still matches plain TVM."""
-    mod = get_model(name, **SMALL[name])
+    mod = get_model(name, **small_config(name))
     result = _search(mod, top_k=3)
     rewritten = [c for c in result.candidates if c.steps and c.schedule is not None]
     assert rewritten, f"{name}: no candidate applied a substitution"
@@ -135,7 +126,7 @@ def test_cli_schedule_autograph_json(capsys):
 def test_autograph_under_the_measured_cpu_cost_verifies_by_timing(tmp_path):
     """With cost="measured" every candidate is scheduled over its own kernels timed on this CPU, and the
     never-slower guard times the pick against the model as given: whatever ships matches plain TVM."""
-    mod = get_model("squeezenet", **SMALL["squeezenet"])
+    mod = get_model("squeezenet", **small_config("squeezenet"))
     x = _input(mod)
     cm = tvm_interop.compile(mod, scheduler="autograph", cost="measured", cost_cache=str(tmp_path / "cache"),
                              scheduler_options={"top_k": 2}, guard_repeat=3, name="squeezenet")

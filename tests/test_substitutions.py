@@ -124,7 +124,7 @@ def test_dataflow_nodes_and_flops():
 def _renamed(mod, rename: dict[str, str]) -> tvm.IRModule:
     """``mod`` with some bindings' variables renamed (BlockBuilder itself never makes duplicate names, other
     producers such as TVMScript or hand-built modules can)."""
-    from tvm_interop.passes.substitutions.graph import _subst
+    from tvm_interop.passes.substitutions.graph import substitute_vars
 
     f = mod["main"]
     bb = relax.BlockBuilder()
@@ -133,8 +133,8 @@ def _renamed(mod, rename: dict[str, str]) -> tvm.IRModule:
         v = b.var
         nv = type(v)(rename[v.name], v.ty) if v.name in rename else v
         vmap[v] = nv
-        new.append(relax.VarBinding(nv, bb.normalize(_subst(b.value, vmap))))
-    body = relax.SeqExpr([relax.DataflowBlock(new)], _subst(f.body.body, vmap))
+        new.append(relax.VarBinding(nv, bb.normalize(substitute_vars(b.value, vmap))))
+    body = relax.SeqExpr([relax.DataflowBlock(new)], substitute_vars(f.body.body, vmap))
     out = mod.clone()
     out["main"] = relax.Function(f.params, body, f.ret_ty, attrs=f.attrs)
     return out

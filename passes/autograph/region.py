@@ -18,24 +18,12 @@ from tvm import relax
 
 from tvm_interop.runtime.errors import InteropError
 
+from ..substitutions.graph import substitute_vars
+
 
 def main_bindings(mod: tvm.IRModule) -> list:
     """The bindings of ``main``'s body, in program order (all blocks)."""
     return [b for block in mod["main"].body.blocks for b in block.bindings]
-
-
-def _substitute(expr, vmap: dict):
-    """``expr`` with the variables of ``vmap`` replaced (calls, tuples and tuple items: what a dataflow block of
-    operator calls holds)."""
-    if isinstance(expr, relax.Var):
-        return vmap.get(expr, expr)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_substitute(f, vmap) for f in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_substitute(expr.tuple_value, vmap), expr.index)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_substitute(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
-    return expr
 
 
 def region_bindings(mod: tvm.IRModule, names: Iterable[str]) -> list:
@@ -85,7 +73,7 @@ def extract_region(mod: tvm.IRModule, names: Iterable[str]) -> tvm.IRModule:
     with bb.function("main", params):
         with bb.dataflow():
             for b in region:
-                vmap[b.var] = bb.emit(_substitute(b.value, vmap), name_hint=b.var.name)
+                vmap[b.var] = bb.emit(substitute_vars(b.value, vmap), name_hint=b.var.name)
             outs = [vmap[v] for v in outputs]
             result = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(result)

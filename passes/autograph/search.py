@@ -133,13 +133,11 @@ def _state_hash(mod) -> int:
     return tvm_ffi.structural_hash(mod, map_free_vars=True, skip_tensor_content=True)
 
 
-def estimate_cost(mod, device: SimulatedDevice, alpha: float = DEFAULT_ALPHA, nodes=None) -> float:
-    """The mixed critical-path estimate of ``mod``'s ``main`` (seconds); ``nodes``: its dataflow nodes when the
-    caller has them already."""
+def estimate_cost(mod, device: SimulatedDevice, alpha: float = DEFAULT_ALPHA) -> float:
+    """The mixed critical-path estimate of ``mod``'s ``main`` (seconds)."""
     from ..substitutions import dataflow_nodes
 
-    nodes = dataflow_nodes(mod) if nodes is None else nodes
-    return mixed_critical_path(estimate_kernels(nodes, _param_shapes(mod)), device, alpha)
+    return mixed_critical_path(estimate_kernels(dataflow_nodes(mod), _param_shapes(mod)), device, alpha)
 
 
 def _apply(mod, match, check: bool, before: set[str] | None = None):

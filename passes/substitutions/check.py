@@ -25,7 +25,7 @@ from .numpy_eval import Unsupported, evaluate
 from .graph import (
     DataflowGraph,
     SubstitutionError,
-    _subst,
+    substitute_vars,
     _ty_sig,
     op_attrs,
     output_signature,
@@ -66,7 +66,7 @@ def extract_region(mod: tvm.IRModule, nodes) -> tvm.IRModule:
     with bb.function("main", params):
         with bb.dataflow():
             for n in g.sorted(names):
-                value = _subst(g.value[n], vmap)
+                value = substitute_vars(g.value[n], vmap)
                 vmap[g.var[n]] = bb.emit_output(value, name_hint=n) if n in outs else bb.emit(value, name_hint=n)
         bb.emit_func_output(relax.Tuple([vmap[g.var[n]] for n in outs]))
     return bb.get()

@@ -165,16 +165,16 @@ def _vars_in(expr) -> list:
     return []
 
 
-def _subst(expr, vmap: dict):
+def substitute_vars(expr, vmap: dict):
     """``expr`` with its variables replaced by ``vmap`` (keyed by the old Var objects)."""
     if isinstance(expr, relax.Var):
         return vmap.get(expr, expr)
     if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_subst(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
+        return relax.Call(expr.op, [substitute_vars(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
     if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_subst(f, vmap) for f in expr.fields])
+        return relax.Tuple([substitute_vars(f, vmap) for f in expr.fields])
     if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_subst(expr.tuple_value, vmap), expr.index)
+        return relax.TupleGetItem(substitute_vars(expr.tuple_value, vmap), expr.index)
     return expr
 
 
@@ -399,12 +399,12 @@ def _rebuild(mod: tvm.IRModule, bindings: list, order: list, names: list[str], e
                     vmap.update(emit_region(bb, vmap))
                     continue
                 b = bindings[i]
-                value = _subst(b.value, vmap)
+                value = substitute_vars(b.value, vmap)
                 if isinstance(b.var, relax.DataflowVar):
                     vmap[b.var] = bb.emit(value, name_hint=names[i])
                 else:
                     vmap[b.var] = bb.emit_output(value, name_hint=names[i])
-        bb.emit_func_output(_subst(func.body.body, vmap))
+        bb.emit_func_output(substitute_vars(func.body.body, vmap))
     new_main = bb.get()["main"]
     out = mod.clone()
     out["main"] = new_main
