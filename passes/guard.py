@@ -37,42 +37,11 @@ def compare_plans(library, plans: dict, device_kind: str = "cpu", repeat: int = 
 
 
 def compare_libraries(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> dict[str, list[float]]:
-    """``runs`` maps a name to ``(library, plan)``; every plan runs on the same inputs, interleaved, so machine
-    noise hits all alike. Plans may live in different libraries (a merged program and the original sequential
-    one share no constants)."""
-    import time
+    """``runs`` maps a name to ``(library, plan)``; all run on the same inputs, interleaved (see
+    ``runtime.plan_timer.time_plans``, which a remote device server runs too)."""
+    from tvm_interop.runtime.plan_timer import time_plans
 
-    import tvm
-
-    from tvm_interop.runtime.model import CONSTANTS_FUNC, kernel_library, lookup_kernel
-    from tvm_interop.runtime.thread_executor import ThreadExecutor
-
-    any_plan = next(iter(runs.values()))[1]
-    rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in any_plan.inputs]
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    executors = {}
-    constants_of: dict[int, list] = {}
-    try:
-        for k, (library, plan) in runs.items():
-            if id(library) not in constants_of:
-                constants_of[id(library)] = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
-            lib = kernel_library(library)
-            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: lookup_kernel(lib, n), constants_of[id(library)],
-                                          tvm.cpu(0))
-        for ex in executors.values():
-            ex._inputs = ex._check_inputs(inputs)
-            for _ in range(warmup):
-                ex.run_raw()
-        for _ in range(repeat):
-            for k, ex in executors.items():
-                t0 = time.perf_counter()
-                ex.run_raw()
-                times[k].append(time.perf_counter() - t0)
-    finally:
-        for ex in executors.values():
-            ex.close()
-    return times
+    return time_plans(runs, repeat=repeat, warmup=warmup, seed=seed)
 
 
 def decide(times: dict[str, list[float]]) -> GuardResult:

@@ -72,10 +72,22 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
                    number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0, limit: int | None = None,
                    out: str | None = None, progress=None) -> dict:
     """Time every stage of the bundle; returns (and writes to ``out``) the cost table."""
+    plan = load_bundle(bundle_dir)
+    return measure_plan(plan, os.path.join(bundle_dir, plan["library"]), device=device, method=method,
+                        repeat=repeat, number=number, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                        indices=None if not limit else range(min(limit, len(plan["stages"]))), out=out,
+                        progress=progress)
+
+
+def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: str | None = None,
+                 repeat: int = 20, number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0,
+                 indices=None, out: str | None = None, progress=None) -> dict:
+    """Time the stages ``indices`` (default: all) of a bundle given as its plan (``bundle.json``, read) and the
+    path of its library. A device server measures a share of a bundle this way (``runtime.rpc_server``); each
+    table row carries its stage ``index`` so shares measured on several devices merge back in order."""
     import tvm
     from tvm.runtime import vm as rvm
 
-    plan = load_bundle(bundle_dir)
     kind = device or plan["device"]
     method = method or ("vm" if kind != "cpu" else "threads")
     if method not in ("vm", "threads"):
@@ -83,7 +95,6 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
     if method == "threads" and kind != "cpu":
         raise InteropError("the worker-thread method measures CPU kernels only; use --method vm on a GPU")
     dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
-    lib_path = os.path.join(bundle_dir, plan["library"])
     from .model import kernel_library
 
     try:
@@ -99,7 +110,11 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
             cache[t] = _random_tensor(tensors[t], dev, rng)
         return cache[t]
 
-    stages = plan["stages"][: limit if limit else None]
+    order = list(range(len(plan["stages"]))) if indices is None else [int(i) for i in indices]
+    bad = [i for i in order if not 0 <= i < len(plan["stages"])]
+    if bad:
+        raise InteropError(f"stage indices {bad[:5]} out of range: the bundle has {len(plan['stages'])} stages")
+    stages = [plan["stages"][i] for i in order]
     t_start = time.perf_counter()
     results = []
     if method == "vm":
@@ -152,9 +167,9 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
         "statistic": "median", "repeat": repeat, "number": number if method == "vm" else 1, "warmup": warmup,
         "units": {}, "stages": [], "seconds": 0.0,
     }
-    for st, lat in zip(stages, results):
+    for index, st, lat in zip(order, stages, results):
         groups = st["groups"]
-        table["stages"].append({"key": stage_key(groups), "groups": groups, "latency": lat,
+        table["stages"].append({"index": index, "key": stage_key(groups), "groups": groups, "latency": lat,
                                 "sources": st.get("sources", [])})
         if len(groups) == 1 and len(groups[0]) == 1:
             table["units"][groups[0][0]] = lat

@@ -270,15 +270,18 @@ def _write_state(work_dir: str, state: dict) -> None:
     _atomic_write(os.path.join(work_dir, STATE_FILE), json.dumps(state, indent=1, sort_keys=True).encode())
 
 
-def _check_target(state: dict | None, target: tvm.target.Target, work_dir: str, strict_device: bool) -> None:
-    """Refuse a database tuned for another kind of target; warn (or refuse) when tuned on another machine."""
+def _check_target(state: dict | None, target: tvm.target.Target, work_dir: str, strict_device: bool,
+                  here: str | None = None) -> None:
+    """Refuse a database tuned for another kind of target; warn (or refuse) when tuned on another machine
+    (``here``: the measuring device's fingerprint, default this machine's)."""
     if not state:
         return
     theirs = json.loads(state.get("target", "{}"))
     if theirs.get("kind") and theirs["kind"] != target.kind.name:
         raise TuningError(f"the tuning database in {work_dir!r} was tuned for target kind {theirs['kind']!r}, "
                           f"not {target.kind.name!r}; use another --db directory")
-    here = _cpu_fingerprint() if target.kind.name in ("llvm", "c") else target.kind.name
+    if here is None:
+        here = _cpu_fingerprint() if target.kind.name in ("llvm", "c") else target.kind.name
     if state.get("device") and state["device"] != here:
         msg = (f"the tuning database in {work_dir!r} was tuned on {state['device']!r}, this is {here!r}: its kernels "
                "are correct here but may not be the fastest")
@@ -518,15 +521,17 @@ def _default_version(mod: tvm.IRModule, src: tvm.IRModule, key: str, target):
     return None
 
 
-def _baseline_ms(func, target, device_type: str) -> float | None:
-    """Latency of one kernel version, measured like a tuning candidate."""
+def _baseline_ms(func, target, device_type: str, timer=None) -> float | None:
+    """Latency of one kernel version, measured like a tuning candidate (here, or by ``timer(module, args_info)``:
+    a fleet runner's)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     if func is None:
         return None
     try:
         rt = build_candidate(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
-        secs = measure_module(rt, ArgInfo.from_prim_func(func), device_type)
+        args_info = ArgInfo.from_prim_func(func)
+        secs = timer(rt, args_info) if timer else measure_module(rt, args_info, device_type)
         return float(np.mean(secs)) * 1e3
     except Exception as err:  # noqa: BLE001 - a baseline is informative only
         log.warning("baseline measurement failed: %s", err)
@@ -600,7 +605,8 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
                  op_names: list[str] | None = None, num_trials_per_iter: int = 64, cost_model="xgb",
                  builder="inprocess", runner="inprocess", builder_workers: int = 1, num_threads: int | None = None,
                  population_size: int | None = None, seed: int | None = None, baselines: bool = True,
-                 quiet: bool = False, progress: bool | None = None, strict_device: bool = False) -> TuningReport:
+                 quiet: bool = False, progress: bool | None = None, strict_device: bool = False,
+                 fleet=None) -> TuningReport:
     """Tune the unique PrimFuncs of ``program`` (a ``passes.extract.Program``, a prepared module, or a Relax module,
     which is prepared first) with MetaSchedule into the JSON database in ``work_dir``; ``trials`` per task.
 
@@ -613,6 +619,9 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
     ``population_size``: evolutionary search population (default: 8 x batch, between 64 and MetaSchedule's 512).
     ``baselines``: also time each task's untuned kernel (TVM's default build, and ``cpu_schedule``'s), once per
     database. ``quiet`` / ``progress``: progress lines on stderr (default: only on a terminal).
+    ``fleet``: a ``passes.fleet.Fleet``: candidates and baselines are timed on its devices (``runner`` is then a
+    ``FleetRunner``), the database is keyed by the devices' fingerprint, and a CPU target's ``num-cores`` is the
+    devices' core count.
 
     Returns a :class:`TuningReport`. On Ctrl-C the database and state are left consistent and KeyboardInterrupt is
     re-raised (the report so far is on ``KeyboardInterrupt.args[1]``).
@@ -621,6 +630,14 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
     if trials < 0:
         raise TuningError("trials must be >= 0")
     num_threads = int(num_threads or ms.utils.cpu_count(logical=False))
+    device_print = None
+    if fleet is not None:
+        from ..fleet.runner import FleetRunner
+
+        fleet.start()
+        device_print = fleet.fingerprint
+        runner = FleetRunner(fleet)
+        target = tuning_target(target, fleet.devices[0].info.get("cores") or num_threads)
     target = tuning_target(target, num_threads)
     mod = _as_module(program, target)
     os.makedirs(work_dir, exist_ok=True)
@@ -632,11 +649,11 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
     stats = BuildStats()
     with _lock(work_dir):
         state = _read_state(work_dir)
-        _check_target(state, target, work_dir, strict_device)
+        here = device_print or (_cpu_fingerprint() if device_type == "cpu" else target.kind.name)
+        _check_target(state, target, work_dir, strict_device, here)
         if state is None:
             state = {"format": STATE_FORMAT, "version": STATE_VERSION, "tasks": {}}
-        state.update(target=_target_text(target), tvm_version=tvm.__version__,
-                     device=_cpu_fingerprint() if device_type == "cpu" else target.kind.name)
+        state.update(target=_target_text(target), tvm_version=tvm.__version__, device=here)
         db = _open_database(work_dir, create=True)
         records = _Records(db)
         src = _tuning_source(mod)
@@ -664,10 +681,12 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
                 printer.line(f"timing {todo} untuned kernel(s) ...", final=False)
             for t, tmod, key, rep in reports:
                 st = state["tasks"][key]
+                timer = runner.time_module if fleet is not None else None
                 if "untuned_ms" not in st:
-                    st["untuned_ms"] = _baseline_ms(tmod["main"], target, device_type)
+                    st["untuned_ms"] = _baseline_ms(tmod["main"], target, device_type, timer)
                 if "default_ms" not in st:
-                    st["default_ms"] = _baseline_ms(_default_version(mod, src, key, target), target, device_type)
+                    st["default_ms"] = _baseline_ms(_default_version(mod, src, key, target), target, device_type,
+                                                    timer)
         for t, tmod, key, rep in reports:
             st = state["tasks"][key]
             rep.untuned_ms, rep.default_ms = st.get("untuned_ms"), st.get("default_ms")

@@ -1,0 +1,48 @@
+"""Time whole execution plans against each other on this machine: what the never-slower guard measures.
+
+It lives in ``runtime`` because both sides need it: the compiler's guard (``passes.guard``) runs it in process, and
+a device server (``runtime.rpc_server``) runs it for a guard that measures on a remote device, where only TVM's
+runtime is installed.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def time_plans(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> dict[str, list[float]]:
+    """``runs`` maps a name to ``(library, plan)``; every plan runs on the same random inputs, interleaved, so
+    machine noise hits all alike. Plans may live in different libraries (a merged program and the original
+    sequential one share no constants). Returns seconds per run per name."""
+    import tvm
+
+    from .model import CONSTANTS_FUNC, kernel_library, lookup_kernel
+    from .thread_executor import ThreadExecutor
+
+    any_plan = next(iter(runs.values()))[1]
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in any_plan.inputs]
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    executors = {}
+    constants_of: dict[int, list] = {}
+    try:
+        for k, (library, plan) in runs.items():
+            if id(library) not in constants_of:
+                constants_of[id(library)] = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
+            lib = kernel_library(library)
+            executors[k] = ThreadExecutor(plan, lambda n, lib=lib: lookup_kernel(lib, n), constants_of[id(library)],
+                                          tvm.cpu(0))
+        for ex in executors.values():
+            ex._inputs = ex._check_inputs(inputs)
+            for _ in range(warmup):
+                ex.run_raw()
+        for _ in range(repeat):
+            for k, ex in executors.items():
+                t0 = time.perf_counter()
+                ex.run_raw()
+                times[k].append(time.perf_counter() - t0)
+    finally:
+        for ex in executors.values():
+            ex.close()
+    return times
