@@ -15,9 +15,10 @@ def is_timed_cost(spec) -> bool:
     return isinstance(spec, str) and spec.partition(":")[0] in ("measured", "learned")
 
 
-def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1):
+def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1, fleet=None):
     """The cost model for ``measured`` (every stage timed) or ``learned[:options]`` (XGBoost on timed stages, see
-    ``passes.cost.learned``) over ``program``'s kernels. Timing runs the kernels here, so the target must be a CPU."""
+    ``passes.cost.learned``) over ``program``'s kernels. Timing runs the kernels here, or on the CPU devices of
+    ``fleet`` (``passes.fleet``), so the target must be a CPU."""
     from .cost.measured import MeasuredCostModel
     from .target import normalize_target
 
@@ -27,7 +28,7 @@ def timed_cost_model(program, target, spec: str, cache=None, batch: int = 1):
                            "target measure on the GPU with a profiling bundle (tvm-interop profile-bundle, then "
                            "cost='table:FILE')")
     options = _learned_options(spec) if spec.partition(":")[0] == "learned" else {}
-    model = MeasuredCostModel(program, target, cache=cache, batch=batch)
+    model = MeasuredCostModel(program, target, cache=cache, batch=batch, fleet=fleet)
     if spec.partition(":")[0] == "learned":
         from .cost.learned import LearnedCostModel
 

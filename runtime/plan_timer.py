@@ -16,6 +16,7 @@ def time_plans(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> 
     machine noise hits all alike. Plans may live in different libraries (a merged program and the original
     sequential one share no constants). Returns seconds per run per name."""
     import tvm
+    from tvm.runtime import vm as rvm   # imported by name: a runtime-only process has not loaded it yet
 
     from .model import CONSTANTS_FUNC, kernel_library, lookup_kernel
     from .thread_executor import ThreadExecutor
@@ -29,7 +30,7 @@ def time_plans(runs: dict, repeat: int = 15, warmup: int = 2, seed: int = 0) -> 
     try:
         for k, (library, plan) in runs.items():
             if id(library) not in constants_of:
-                constants_of[id(library)] = list(tvm.runtime.vm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
+                constants_of[id(library)] = list(rvm.VirtualMachine(library, tvm.cpu(0))[CONSTANTS_FUNC]())
             lib = kernel_library(library)
             executors[k] = ThreadExecutor(plan, lambda n, lib=lib: lookup_kernel(lib, n), constants_of[id(library)],
                                           tvm.cpu(0))

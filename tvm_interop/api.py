@@ -127,7 +127,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
             tuning_db: str | None = None, candidates: bool | None = None,
-            cuda_arch: "str | list[str] | None" = None) -> CompiledModel:
+            cuda_arch: "str | list[str] | None" = None, fleet=None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -159,6 +159,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     synchronisation mode and sequential, each direct and as a CUDA graph; on the device the fastest is picked
     by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
     sequential for lack of a choice. The CPU keeps the compile-time guard (``guard``).
+    ``fleet``: a started ``passes.fleet.Fleet`` (devices behind an RPC tracker): timed costs (``measured``,
+    ``learned``) time their stages on its devices, and the never-slower guard runs there (on by default with a
+    fleet), instead of on this machine.
     """
     from tvm_interop.passes.build import build_library
     from tvm_interop.passes.lower import make_plan
@@ -232,7 +235,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
 
         def cost_for(prog):
             if measured:
-                cm = timed_cost_model(prog, target, cost, cache=cost_cache, batch=batch_size)
+                cm = timed_cost_model(prog, target, cost, cache=cost_cache, batch=batch_size, fleet=fleet)
                 return cm, cm.close
             if isinstance(cost, str) and cost.startswith("table:"):
                 from tvm_interop.passes.cost import get_cost_model
@@ -249,7 +252,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         mod, program, sched = found.module, found.program, found.schedule
     else:
         if measured:
-            cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size)
+            cost = cost_model = timed_cost_model(program, target, cost, cache=cost_cache, batch=batch_size,
+                                                 fleet=fleet)
         elif isinstance(cost, str) and cost.startswith("table:"):
             from tvm_interop.passes.cost import get_cost_model
 
@@ -272,9 +276,10 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if bounded is not sched:
             bounded.search["memory_tightened_from"] = sched.max_concurrency()
             sched = bounded
-    predicted_guard = guard is None and not measured   # guard=False: ship what the scheduler found, unchecked
+    # guard=False: ship what the scheduler found, unchecked; a fleet is there to measure on, so it guards
+    predicted_guard = guard is None and not measured and fleet is None
     if guard is None:
-        guard = measured
+        guard = measured or fleet is not None
     if device_kind == "cpu" and predicted_guard and schedule is None:
         sched = _unless_predicted_slower(sched, base_program.graph, model_name, batch_size)
         if sched.scheduler == "sequential":   # the unrewritten model's sequential program ships
@@ -299,7 +304,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     timings["build"] = time.perf_counter() - t
     guard_result = None
     if guard and device_kind == "cpu" and sched.scheduler != "sequential":
-        from tvm_interop.passes.guard import compare_plans, decide
+        from tvm_interop.passes.guard import decide
         from tvm_interop.passes.lower import make_plan as _plan
 
         t = time.perf_counter()
@@ -307,16 +312,22 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         seq = schedule_graph(base_program.graph, "sequential", "unit", model_name=model_name, batch=batch_size)
         merged = built["program"] is not base_program
         if not merged:
-            times = compare_plans(library, {"scheduled": plan, "sequential": _plan(program, seq, mode=mode)},
-                                  repeat=guard_repeat)
+            runs = {"scheduled": (library, plan), "sequential": (library, _plan(program, seq, mode=mode))}
         else:  # merged kernels: the sequential baseline is the original model, in a library of its own
             merged_built = dict(built)
             seq_plan, seq_library = build(seq, base_program)
             built.update(merged_built)
-            times = compare_libraries({"scheduled": (library, plan), "sequential": (seq_library, seq_plan)},
-                                      repeat=guard_repeat)
+            runs = {"scheduled": (library, plan), "sequential": (seq_library, seq_plan)}
+        if fleet is not None:
+            from tvm_interop.passes.fleet.guard import compare_libraries_on_fleet
+
+            times = compare_libraries_on_fleet(fleet, runs, repeat=guard_repeat)
+        else:
+            times = compare_libraries(runs, repeat=guard_repeat)
         guard_result = decide(times)
         sched.measured_latency = guard_result.scheduled_ms / 1e3
+        if fleet is not None:
+            sched.search["guard_device"] = fleet.fingerprint
         if not guard_result.keep_schedule:
             log.warning("never-slower guard: %s schedule measured %.3f ms vs sequential %.3f ms (noise %.1f%%); "
                         "shipping sequential", sched.scheduler, guard_result.scheduled_ms,

@@ -46,7 +46,7 @@ class MeasuredCostModel(CostModel):
     PROGRESS_SECONDS = 10.0
 
     def __init__(self, program, target: "str | tvm.target.Target" = "llvm", cache=None, use_cache: bool = True,
-                 warmup: int = 2, repeat: int = 7, library=None, batch: int | None = None):
+                 warmup: int = 2, repeat: int = 7, library=None, batch: int | None = None, fleet=None):
         self.program = program
         from ..target import normalize_target, target_text
 
@@ -54,8 +54,13 @@ class MeasuredCostModel(CostModel):
         if self.target.kind.name not in ("llvm", "c"):
             raise NotImplementedError(
                 "in-process measurement runs CPU kernels; for a GPU use a profiling bundle (cost 'table:FILE')")
+        # ``fleet``: stages are timed on its devices (passes.fleet.stage_timer), keyed by their fingerprint
+        self.fleet = fleet
+        if fleet is not None:
+            fleet.start()
+        where = fleet.fingerprint if fleet is not None else cpu_fingerprint()
         # the CPU that times and the instructions the kernels use: llvm-generic and -mcpu=<host> kernels differ
-        self.name = "measured:" + cpu_fingerprint() + ":" + target_text(self.target)
+        self.name = "measured:" + where + ":" + target_text(self.target)
         self.batch = batch
         self._library = library
         self._timer: StageTimer | None = None
@@ -85,6 +90,11 @@ class MeasuredCostModel(CostModel):
 
             if self._library is None:
                 self._library = tvm.compile(self.program.mod, self.target)
+            if self.fleet is not None:
+                from ..fleet.stage_timer import RemoteStageTimer
+
+                self._timer = RemoteStageTimer(self.fleet, self._library, warmup=self.warmup, repeat=self.repeat)
+                return self._timer
             lib = kernel_library(self._library)
             merged = self._merged_kernels
 
@@ -187,13 +197,17 @@ class MeasuredCostModel(CostModel):
         if mkey not in self._merged_calls:
             suffix = "m" + hashlib.sha1("|".join(mkey).encode()).hexdigest()[:12]
             kern = build_merged_kernel(self.program, [u.name for u in units], suffix=suffix, target=self.target)
-            lib = kernel_library(kern.compile(self.target))
-            for name in kern.funcs:
-                fn = lookup_kernel(lib, name)
-                if fn is None:  # pragma: no cover - compile exports every kernel under its name
-                    raise RuntimeError(f"merged kernel {name} missing from its library")
-                self._merged_kernels[name] = fn
-            self._merged_libs.append(lib)  # keep the modules alive
+            compiled = kern.compile(self.target)
+            if self.fleet is not None:   # the devices load the merged kernels beside the model's
+                self._timer_ready().add_library(compiled)
+            else:
+                lib = kernel_library(compiled)
+                for name in kern.funcs:
+                    fn = lookup_kernel(lib, name)
+                    if fn is None:  # pragma: no cover - compile exports every kernel under its name
+                        raise RuntimeError(f"merged kernel {name} missing from its library")
+                    self._merged_kernels[name] = fn
+                self._merged_libs.append(lib)  # keep the modules alive
             self.merged_builds += 1
             self._merged_calls[mkey] = [KernelCall(f, tuple((tuple(s), d) for s, d in args),
                                                    tuple((tuple(s), d) for s, d in outs))
@@ -210,9 +224,12 @@ class MeasuredCostModel(CostModel):
         return self._timer.seconds_spent if self._timer else 0.0
 
     def stats(self) -> dict:
-        return {"measurements": self.measurements, "measure_seconds": self.seconds_spent,
-                "cache_hits": self.cache_hits, "merged_builds": self.merged_builds,
-                "cache": None if self.cache is None else str(self.cache.path)}
+        out = {"measurements": self.measurements, "measure_seconds": self.seconds_spent,
+               "cache_hits": self.cache_hits, "merged_builds": self.merged_builds,
+               "cache": None if self.cache is None else str(self.cache.path)}
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.report()
+        return out
 
     def close(self) -> None:
         if self.cache is not None:

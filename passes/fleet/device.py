@@ -22,7 +22,7 @@ class DeviceLost(Exception):
     """The session to a device broke (server died, connection reset) or a call timed out: retry elsewhere."""
 
 
-class RemoteCallError(Exception):
+class RemoteCallError(FleetError):
     """The device answered, but the call failed there (a bad candidate, a kernel that does not load)."""
 
 
@@ -134,7 +134,11 @@ class RemoteDevice:
         return name
 
     def close(self) -> None:
+        """End the session: the server process serving it exits and the server goes back to the tracker."""
         self.session = None
+        import gc
+
+        gc.collect()
 
 
 def _first_line(err: BaseException) -> str:

@@ -99,10 +99,10 @@ class Fleet:
         if self._started:
             return self
         rec = check_key(self.tracker, self.key)
-        want = rec["total"] if self.options.max_devices is None else min(rec["total"], self.options.max_devices)
         opened: list[RemoteDevice] = []
-        for i in range(max(1, want)):
-            # the first device may take a while (all busy); the others only if free right now
+        for i in range(max(1, rec["total"])):
+            # every device votes on the key's fingerprint; the first may take a while (all busy), the others
+            # are asked only if free right now
             dev = self._request_device(self.options.device_wait if i == 0 else 2.0)
             if dev is None:
                 break
@@ -115,10 +115,12 @@ class Fleet:
             self.fingerprint = next(d.fingerprint for d in opened if counts[d.fingerprint] == top)
         accepted = []
         for d in opened:
-            if d.fingerprint == self.fingerprint:
+            if d.fingerprint != self.fingerprint:
+                self._park(d)
+            elif self.options.max_devices is None or len(accepted) < self.options.max_devices:
                 accepted.append(d)
             else:
-                self._park(d)
+                d.close()   # more than asked for: back to the tracker for others
         if not accepted:
             raise FleetError(f"every device the tracker {self.tracker} handed out under key {self.key!r} was refused: "
                              + "; ".join(r["why"] for r in self.refused))

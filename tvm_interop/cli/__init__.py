@@ -8,7 +8,7 @@ import sys
 
 from tvm_interop.runtime.errors import InteropError
 
-_COMMANDS = ["compile_cmd", "run_cmd", "models_cmd", "schedule_cmd", "show_cmd", "tune_cmd", "profile_cmd", "pick_cmd"]
+_COMMANDS = ["compile_cmd", "run_cmd", "models_cmd", "schedule_cmd", "show_cmd", "tune_cmd", "profile_cmd", "pick_cmd", "devices_cmd"]
 
 EPILOG = """examples:
   tvm-interop models

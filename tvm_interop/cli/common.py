@@ -71,3 +71,58 @@ def progress_logging(args, force: bool = False):
             lg.removeHandler(handler)
             lg.setLevel(level)
             lg.propagate = propagate
+
+
+def add_rpc_args(p, what: str) -> None:
+    """``--rpc HOST:PORT --device-key KEY`` and the fleet's limits (see ``passes.fleet``)."""
+    g = p.add_argument_group("fleet (TVM RPC tracker)")
+    g.add_argument("--rpc", default=None, metavar="HOST:PORT",
+                   help=f"{what} on the devices of an RPC tracker instead of this machine")
+    g.add_argument("--device-key", default=None, metavar="KEY", help="device key on the tracker (with --rpc)")
+    g.add_argument("--max-devices", type=int, default=None, help="use at most N devices of the key (default all)")
+    g.add_argument("--device-wait", type=float, default=60.0,
+                   help="seconds to wait for a free device (default 60)")
+    g.add_argument("--measure-timeout", type=float, default=600.0,
+                   help="seconds one measurement may take on a device before it is retried elsewhere (default 600)")
+
+
+@contextlib.contextmanager
+def fleet_from_args(args):
+    """A started fleet for ``--rpc`` (None without it), closed when the block ends; its report is on
+    ``args.fleet_report`` afterwards."""
+    if not getattr(args, "rpc", None):
+        if getattr(args, "device_key", None):
+            from tvm_interop.runtime.errors import InteropError
+
+            raise InteropError("--device-key needs --rpc HOST:PORT")
+        yield None
+        return
+    from tvm_interop.passes.fleet import Fleet, FleetOptions
+    from tvm_interop.runtime.errors import InteropError
+
+    if not args.device_key:
+        raise InteropError("--rpc needs --device-key KEY (see `tvm-interop devices --rpc HOST:PORT`)")
+    opts = FleetOptions(max_devices=args.max_devices, device_wait=args.device_wait, call_timeout=args.measure_timeout)
+    fleet = Fleet(args.rpc, args.device_key, opts)
+    try:
+        fleet.start()
+        status(args, f"fleet: {len(fleet.devices)} device(s) under {args.device_key!r} ({fleet.fingerprint})"
+               + (f", {len(fleet.refused)} refused" if fleet.refused else ""))
+        yield fleet
+    finally:
+        fleet.close()
+        args.fleet_report = fleet.report()
+
+
+def fleet_line(report: dict) -> str:
+    """One line on what a fleet job used: devices and their item counts, retries, losses, refusals."""
+    devs = ", ".join(f"{d['address']} x{d['items']}" for d in report["devices"])
+    line = (f"fleet {report['tracker']} key {report['key']} ({report['fingerprint']}): {report['items']} items on "
+            f"{len(report['devices'])} device(s) [{devs}] in {report['seconds']:.1f} s")
+    if report["retries"] or report["lost"]:
+        line += f"; {len(report['lost'])} device(s) lost, {report['retries']} item(s) retried elsewhere"
+    if report["failed"]:
+        line += f"; {report['failed']} item(s) failed"
+    for r in report["refused"]:
+        line += f"\n  refused {r['address']}: {r['fingerprint']} (the key's devices are {r['expected']})"
+    return line

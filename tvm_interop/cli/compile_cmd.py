@@ -1,7 +1,7 @@
 """``tvm-interop compile``: model in, scheduled deployable .so (and schedule JSON) out."""
 from __future__ import annotations
 
-from .common import add_model_args, print_json, progress_logging, status
+from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
 
 
 def register(sub) -> None:
@@ -31,6 +31,7 @@ def register(sub) -> None:
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
                    help="GPU targets: do not carry the alternative programs (other mode, sequential, direct/graph) "
                         "that the runtime picks from by measurement")
+    add_rpc_args(p, "run the never-slower guard (and --cost measured|learned's timing)")
     p.add_argument("-o", "--output", default=None, help="write the deployable library here (.so)")
     p.add_argument("--schedule-out", default=None, help="write the schedule JSON here")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -42,12 +43,13 @@ def run(args) -> int:
     import tvm_interop
 
     status(args, f"compiling {args.model} for {args.target} with scheduler {args.scheduler} ...")
-    with progress_logging(args):
+    with progress_logging(args), fleet_from_args(args) as fleet:
         cm = tvm_interop.compile(args.model, target=args.target, scheduler=args.scheduler, cost=args.cost,
                                  schedule=args.schedule, mode=args.mode, batch_size=args.batch,
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
-                                 guard={"auto": None, "on": True, "off": False}[args.guard])
+                                 guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet)
+        fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
     if args.output:
@@ -64,6 +66,8 @@ def run(args) -> int:
         "activation_scheduled_bytes": mem["scheduled_bytes"], "activation_sequential_bytes": mem["sequential_bytes"],
         "output": args.output, "schedule_out": args.schedule_out,
         "candidates": [c["name"] for c in cm.plan.meta.get("candidates", [])],
+        "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
+        "fleet": fleet_report,
     }
     if args.json:
         print_json(summary)
@@ -77,6 +81,8 @@ def run(args) -> int:
         if summary["shipped_because"]:
             rejected = f" instead of {summary['rejected_scheduler']}" if summary["rejected_scheduler"] else ""
             print(f"shipped: {s.scheduler}{rejected}: {summary['shipped_because']}")
+        if fleet_report is not None:
+            print(fleet_line(fleet_report))
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB")
         print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "

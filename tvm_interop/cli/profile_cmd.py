@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_args, print_json, status
+from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, status
 
 
 def register(sub) -> None:
@@ -44,6 +44,9 @@ def register(sub) -> None:
     m.add_argument("--repeat", type=int, default=20)
     m.add_argument("--number", type=int, default=10)
     m.add_argument("--warmup", type=int, default=3)
+    m.add_argument("--chunk", type=int, default=None,
+                   help="--rpc: stages per fleet item (default: about four items per device, at most 64 stages)")
+    add_rpc_args(m, "measure the stages")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=run_measure)
 
@@ -102,13 +105,23 @@ def run_measure(args) -> int:
     import os
 
     out = args.output or os.path.join(args.bundle, "costs.json")
-    table = measure_bundle(args.bundle, device=args.device, method=args.method, repeat=args.repeat,
-                           number=args.number, warmup=args.warmup, out=out)
+    with fleet_from_args(args) as fleet:
+        if fleet is None:
+            table = measure_bundle(args.bundle, device=args.device, method=args.method, repeat=args.repeat,
+                                   number=args.number, warmup=args.warmup, out=out)
+        else:
+            from tvm_interop.passes.fleet.bundle import measure_bundle_on_fleet
+
+            table = measure_bundle_on_fleet(args.bundle, fleet, method=args.method, device=args.device,
+                                            repeat=args.repeat, number=args.number, warmup=args.warmup,
+                                            chunk=args.chunk, out=out)
     summary = {"stages": len(table["stages"]), "device": table["device"], "method": table["method"],
-               "seconds": table["seconds"], "output": out}
+               "seconds": table["seconds"], "output": out, "fleet": table.get("fleet")}
     if args.json:
         print_json(summary)
     else:
         print(f"measured {summary['stages']} stages on {summary['device']} ({summary['method']}) in "
               f"{summary['seconds']:.1f} s -> {out}")
+        if summary["fleet"]:
+            print(fleet_line(summary["fleet"]))
     return 0

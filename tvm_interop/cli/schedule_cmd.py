@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from .common import add_model_args, print_json, progress_logging, status
+from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
 
 SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive", "autograph")
 
@@ -56,6 +56,7 @@ def register(sub) -> None:
     p.add_argument("--window", type=int, default=None, metavar="W", help="hios: window size (default 4)")
     p.add_argument("--link-bandwidth", type=float, default=None, help="hios: bytes/s between devices (300e9)")
     p.add_argument("--max-block-size", type=int, default=None, help="cut blocks larger than this (driver)")
+    add_rpc_args(p, "--cost measured|learned: time the stages")
     p.add_argument("--inner-scheduler", default=None, choices=SCHEDULERS[:-1],
                    help="autograph: the scheduler of each candidate graph (default ios)")
     p.add_argument("--top-k", type=int, default=None, metavar="K",
@@ -164,6 +165,20 @@ def run(args) -> int:
 
     from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
 
+    if args.rpc and not is_timed_cost(args.cost):
+        raise InteropError(f"--rpc times stages on remote devices: it needs --cost measured or learned, not "
+                           f"{args.cost!r} (for a GPU: profile-bundle, profile-measure --rpc, --cost table:FILE)")
+    with fleet_from_args(args) as fleet:
+        args.fleet = fleet
+        return _run(args)
+
+
+def _run(args) -> int:
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.runtime.errors import InteropError
+
+    from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
+
     status(args, f"loading {args.model} (batch {args.batch}) ...")
     t0 = time.perf_counter()
     timed = is_timed_cost(args.cost)
@@ -177,7 +192,8 @@ def run(args) -> int:
         mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
         program = prepare_program(mod, "llvm", name=name)
         graph = program.graph
-        cost = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch)
+        cost = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch,
+                                fleet=args.fleet)
     else:
         graph = load_graph(args)
         cost = get_cost_model(args.cost)
@@ -213,7 +229,8 @@ def _run_autograph(args, t0: float) -> int:
 
     def cost_for(program):
         if timed:
-            cm = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch)
+            cm = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch,
+                                  fleet=args.fleet)
             return cm, cm.close
         return fixed, lambda: None
 
@@ -263,6 +280,9 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
         "schedule_seconds": wall,
         "output": args.output,
     }
+    fleet = getattr(args, "fleet", None)
+    if fleet is not None:
+        summary["fleet"] = fleet.report()
     if args.json:
         print_json(summary)
         return 0
@@ -292,6 +312,8 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
     for r in st.get("active_rounds", []):
         print(f"  learned round {r['round']}: predicted {r['predicted_ms']:.3f} ms, measured {r['measured_ms']:.3f} ms, "
               f"{r['new_stages_measured']} stages newly timed")
+    if fleet is not None:
+        print(fleet_line(summary["fleet"]))
     if args.stages:
         print(sched.describe())
     if args.output:

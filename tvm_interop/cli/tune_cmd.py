@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_args, print_json, status
+from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, status
 
 EPILOG = """examples:
   tvm-interop tune inception_v3 --target llvm --trials 64 --db tuned/incv3
   tvm-interop tune squeezenet --trials 16 --db tuned/sq --ops conv2d --json
   python -c "import tvm_interop; tvm_interop.compile('inception_v3', tuning_db='tuned/incv3')"
+  tvm-interop tune resnet50 --target "llvm -mcpu=skylake-avx512" --db tuned/r50 --rpc tracker:9190 --device-key xeon
 
 --trials is per kernel (task). Re-running continues: kernels that already have --trials records are skipped,
 others get the missing trials. Ctrl-C leaves the database usable; run the same command again to continue.
@@ -32,6 +33,7 @@ def register(sub) -> None:
     p.add_argument("--cost-model", default="xgb", choices=["xgb", "random"], help="search cost model (default xgb)")
     p.add_argument("--no-baselines", action="store_true", help="do not time the untuned kernels")
     p.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    add_rpc_args(p, "time the candidates")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -51,10 +53,11 @@ def run(args) -> int:
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     progress = False if (args.quiet or args.json) else None  # None: progress lines only on a terminal
     try:
-        report = tune_program(program, args.target, args.db, args.trials, op_names=ops,
-                              num_trials_per_iter=args.per_iter, cost_model=args.cost_model,
-                              num_threads=args.threads, seed=args.seed, baselines=not args.no_baselines,
-                              quiet=args.quiet or args.json, progress=progress)
+        with fleet_from_args(args) as fleet:
+            report = tune_program(program, args.target, args.db, args.trials, op_names=ops,
+                                  num_trials_per_iter=args.per_iter, cost_model=args.cost_model,
+                                  num_threads=args.threads, seed=args.seed, baselines=not args.no_baselines,
+                                  quiet=args.quiet or args.json, progress=progress, fleet=fleet)
     except KeyboardInterrupt as e:
         partial = e.args[1] if len(e.args) > 1 else None
         if partial is not None and not args.json:
@@ -63,10 +66,13 @@ def run(args) -> int:
               "continue", file=sys.stderr)
         return 130
     total = time.perf_counter() - t0
+    fleet_report = getattr(args, "fleet_report", None)
     if args.json:
-        print_json({"model": name, **report.to_dict(), "total_seconds": total})
+        print_json({"model": name, **report.to_dict(), "total_seconds": total, "fleet": fleet_report})
     else:
         print(f"{name}: {len(report.tasks)} kernel(s), target {args.target}, database {args.db}")
         print(report.table())
         print(f"total time {total:.1f} s (tuning {report.seconds:.1f} s)")
+        if fleet_report is not None:
+            print(fleet_line(fleet_report))
     return 0
