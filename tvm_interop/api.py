@@ -326,8 +326,6 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             times = compare_libraries(runs, repeat=guard_repeat)
         guard_result = decide(times)
         sched.measured_latency = guard_result.scheduled_ms / 1e3
-        if fleet is not None:
-            sched.search["guard_device"] = fleet.fingerprint
         if not guard_result.keep_schedule:
             log.warning("never-slower guard: %s schedule measured %.3f ms vs sequential %.3f ms (noise %.1f%%); "
                         "shipping sequential", sched.scheduler, guard_result.scheduled_ms,
@@ -345,6 +343,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                                                f"{guard_result.sequential_ms:.3f} ms)")
             log.info("never-slower guard: %s %.3f ms vs sequential %.3f ms (noise %.1f%%): keeping the schedule",
                      sched.scheduler, guard_result.scheduled_ms, guard_result.sequential_ms, guard_result.noise * 100)
+        if fleet is not None:
+            sched.search["guard_device"] = fleet.fingerprint   # the shipped schedule says where it was timed
         timings["guard"] = time.perf_counter() - t
     runner = ScheduledModel(library, device_kind=device_kind, executor=executor, mode=mode, num_workers=num_workers,
                             plan=plan)

@@ -142,7 +142,7 @@ class Fleet:
                 t.future.set_exception(FleetError("the fleet was closed before this item ran"))
         for w in self._workers:
             w.join(timeout=5.0)
-        for d in self.parked:
+        for d in self.devices + self.parked:   # every session ends: the servers go back to the tracker
             d.close()
 
     # ------------------------------------------------------------------------------------------ work
