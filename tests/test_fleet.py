@@ -141,6 +141,35 @@ def test_tuning_through_the_fleet_fills_the_database(loopback, tiny_program, tmp
     apply_database(tiny_program.mod, "llvm", db)            # the database is usable as a local one
 
 
+def test_ctrl_c_during_fleet_tuning_leaves_a_resumable_database(loopback, tiny_program, tmp_path, monkeypatch):
+    """Ctrl-C after the first batch measured on the fleet: the database holds that batch, the devices go back to
+    the tracker, and the same command continues where it stopped."""
+    import signal
+
+    from tvm_interop.passes.kernels import tuning
+
+    db = str(tmp_path / "db")
+    cls = tuning._ProgressCallback._cls
+    original = cls.apply
+
+    def apply_then_ctrl_c(self, *args):
+        original(self, *args)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(cls, "apply", apply_then_ctrl_c)
+    kw = dict(trials=4, op_names=["conv2d_add_relu"], num_trials_per_iter=2, quiet=True, baselines=False)
+    with pytest.raises(KeyboardInterrupt):
+        with _fleet(loopback) as fleet:
+            tuning.tune_program(tiny_program, "llvm", db, fleet=fleet, **kw)
+    first = tuning.database_summary(db)["records"]
+    assert first == 2
+    loopback.wait_for("cpu", 2)
+    monkeypatch.setattr(cls, "apply", original)
+    with _fleet(loopback) as fleet:
+        resumed = tuning.tune_program(tiny_program, "llvm", db, fleet=fleet, **kw)
+    assert resumed.tasks[0].trials == 4 and resumed.tasks[0].new_trials == 2
+
+
 # ------------------------------------------------------------------------------------------ measured cost, guard
 def test_measured_schedule_and_guard_on_the_fleet(loopback, tmp_path, capsys):
     from tvm_interop.cli import main

@@ -206,3 +206,31 @@ def test_cli_tune_json(tuned_db, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "squeezenet" and out["new_trials"] == 0 and out["tasks"]
     assert all(t["status"] == "done" and t["trials"] == 0 for t in out["tasks"])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA builds need nvcc")
+def test_cuda_candidate_exported_for_another_machine_holds_binaries(tmp_path):
+    """A candidate measured elsewhere (a fleet device) is loaded there with TVM's runtime only: its CUDA kernels
+    must be a fatbin for the target's arch, not source that needs nvcc at load."""
+    from tvm import relax
+    from tvm.s_tir import dlight as dl
+
+    from tvm_interop.passes.cuda_compile import inspect_cuda_library
+    from tvm_interop.passes.kernels.fast_builder import build_candidate, export_candidate
+    from tvm_interop.passes.target import normalize_target
+
+    target = normalize_target("cuda -arch=sm_80")
+    x = relax.Var("x", relax.TensorType((1, 8, 16, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_te(tvm.topi.nn.relu, x))
+        bb.emit_func_output(out)
+    prim = [f for f in bb.get().functions.values() if isinstance(f, tvm.tirx.PrimFunc)][0]
+    mod = tvm.IRModule({"main": prim.with_attr("global_symbol", "main")})
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
+    path = str(tmp_path / "cand.so")
+    export_candidate(build_candidate(mod, target), path, target)
+    info = inspect_cuda_library(path)
+    assert info["formats"] == ["fatbin"] and info["arches"] == ["sm_80"] and not info["source_left"], info

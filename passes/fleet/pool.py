@@ -192,6 +192,10 @@ class Fleet:
                     conn.close()
             except (TimeoutError, OSError):
                 return None
+            except FleetError as err:   # the tracker went away mid-job: keep trying until the wait is over
+                log.warning("fleet: %s", err)
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
             try:
                 dev = RemoteDevice.connect(host, port, matchkey, self.options.session_timeout,
                                            call_timeout=min(60.0, self.options.call_timeout))
@@ -291,6 +295,15 @@ class Fleet:
                 task.future.set_result(result)
                 if self.progress:
                     self.progress(self.done, self.submitted, device.address)
+        except BaseException as err:  # noqa: BLE001 - a bug here must not leave callers waiting forever
+            log.exception("fleet worker failed")
+            with self._cv:
+                last = self._live_workers == 1
+                pending = list(self._queue) if last else []
+                if last:
+                    self._queue.clear()
+            for t in pending:
+                t.future.set_exception(FleetError(f"the fleet's last worker failed: {err}"))
         finally:
             if counted:
                 with self._cv:

@@ -83,12 +83,15 @@ class FleetRunner(PyRunner):
                                          self.stats, t0))
         return out
 
-    def time_module(self, rt_mod, args_info) -> list[float]:
-        """Seconds per repeat of a module built here (an untuned baseline), timed like a candidate."""
+    def time_module(self, rt_mod, args_info, target) -> list[float]:
+        """Seconds per repeat of a module built here for ``target`` (an untuned baseline), timed like a
+        candidate."""
+        from ..kernels.fast_builder import export_candidate
+
         tmp = tempfile.mkdtemp(prefix="tvm_interop_fleet_")
         try:
             path = os.path.join(tmp, "baseline.so")
-            rt_mod.export_library(path)
+            export_candidate(rt_mod, path, target)
             info = [a.as_json() if hasattr(a, "as_json") else a for a in args_info]
             return self.fleet.submit(self.job, (path, _plain(info))).result()
         finally:

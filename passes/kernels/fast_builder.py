@@ -56,7 +56,7 @@ from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_eval
 log = logging.getLogger(__name__)
 
 __all__ = ["InProcessBuilder", "InProcessRunner", "tensor_intrinsics_for", "BuildStats", "build_candidate",
-           "measure_module"]
+           "measure_module", "export_candidate"]
 
 _ARTIFACT_FILE = "inprocess.module"
 _TENSOR_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
@@ -184,6 +184,20 @@ def build_candidate(mod: tvm.IRModule, target) -> "tvm.runtime.Module":
     return tvm.tirx.build(mod, target=target)
 
 
+def export_candidate(rt_mod, path: str, target) -> None:
+    """Write a built candidate as a shared library another process or machine can load with TVM's runtime alone:
+    CUDA kernels as binaries for the target's arch (``passes.cuda_compile``), not as source that would need the
+    compiler and nvcc at load."""
+    kind = target.kind.name if hasattr(target, "kind") else str(target).split()[0]
+    if kind == "cuda":
+        from ..cuda_compile import export_cuda_library
+        from ..target import requested_arches
+
+        export_cuda_library(rt_mod, path, requested_arches(target))
+    else:
+        rt_mod.export_library(path)
+
+
 @derived_object
 class InProcessBuilder(PyBuilder):
     """Builds MetaSchedule candidates in this process (see the module doc).
@@ -213,7 +227,7 @@ class InProcessBuilder(PyBuilder):
             tmp = tempfile.mkdtemp(prefix="tvm_interop_cand_", dir=self.tmp_root)
             if self.export:
                 path = os.path.join(tmp, "candidate.so")
-                rt_mod.export_library(path)
+                export_candidate(rt_mod, path, bi.target)
             else:
                 path = os.path.join(tmp, _ARTIFACT_FILE)
                 with open(path, "w", encoding="utf-8") as f:

@@ -531,7 +531,7 @@ def _baseline_ms(func, target, device_type: str, timer=None) -> float | None:
     try:
         rt = build_candidate(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
         args_info = ArgInfo.from_prim_func(func)
-        secs = timer(rt, args_info) if timer else measure_module(rt, args_info, device_type)
+        secs = timer(rt, args_info, target) if timer else measure_module(rt, args_info, device_type)
         return float(np.mean(secs)) * 1e3
     except Exception as err:  # noqa: BLE001 - a baseline is informative only
         log.warning("baseline measurement failed: %s", err)
@@ -633,9 +633,15 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
     device_print = None
     if fleet is not None:
         from ..fleet.runner import FleetRunner
+        from ..target import normalize_target
 
         fleet.start()
         device_print = fleet.fingerprint
+        kind = fleet.devices[0].info.get("device_kind")
+        wanted = "cpu" if normalize_target(target).kind.name in ("llvm", "c") else normalize_target(target).kind.name
+        if kind != wanted:
+            raise TuningError(f"target {target!r} runs on {wanted!r}, but the devices under key {fleet.key!r} "
+                              f"are {kind!r} ({fleet.fingerprint})")
         runner = FleetRunner(fleet)
         target = tuning_target(target, fleet.devices[0].info.get("cores") or num_threads)
     target = tuning_target(target, num_threads)

@@ -4,6 +4,7 @@ measure them all in one batch, and schedule with the measured table.
     tvm-interop profile-bundle inception_v3 --target cuda -o bundle/        # here (needs the compiler, no GPU)
     python -m tvm_interop.runtime.profile_bundle bundle/ -o costs.json                  # on the GPU machine (runtime only)
     tvm-interop profile-measure bundle/ -o costs.json                       # or here, on this machine's device
+    tvm-interop profile-measure bundle/ -o costs.json --rpc HOST:9190 --device-key h100   # or on a fleet
     tvm-interop compile inception_v3 --target cuda --scheduler ios --cost table:costs.json -o m.so
 """
 from __future__ import annotations
