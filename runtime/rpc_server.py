@@ -106,22 +106,8 @@ class _Session:
         return tvm.cuda(0) if self.device_kind == "cuda" else tvm.cpu(0)
 
 
-def _random_tensor(shape, dtype: str, dev, rng):
-    import numpy as np
-    import tvm
-
-    if "float" in dtype:
-        data = rng.uniform(-1, 1, size=tuple(shape)).astype(dtype)
-    elif dtype == "bool":
-        data = rng.integers(0, 2, size=tuple(shape)).astype(dtype)
-    else:
-        data = rng.integers(0, 8, size=tuple(shape)).astype(dtype)
-    return tvm.runtime.tensor(data, dev)
-
-
 def register_functions(device_kind: str) -> None:
     """Register the remote functions (in this process; forked sessions inherit them)."""
-    import numpy as np
     import tvm_ffi
 
     state: dict = {}
@@ -155,26 +141,19 @@ def register_functions(device_kind: str) -> None:
 
     @reg("time_kernel")
     def _time_kernel(lib_file: str, args_info: str, options: str) -> str:
+        from .kernel_timer import time_kernel
+
         s = session()
         opts = json.loads(options)
-        mod = s.library(lib_file)
-        dev = s.device()
-        rng = np.random.default_rng(int(opts.get("seed", 0)))
-        args = []
-        for info in json.loads(args_info):
-            if info[0] != "TENSOR":
-                raise ValueError(f"cannot allocate argument {info!r}")
-            args.append(_random_tensor(info[2], info[1], dev, rng))
-        f = mod.time_evaluator(mod.entry_name, dev, number=int(opts.get("number", 3)),
-                               repeat=int(opts.get("repeat", 1)), min_repeat_ms=int(opts.get("min_repeat_ms", 100)))
-        dev.sync()
-        res = f(*args)
+        secs = time_kernel(s.library(lib_file), json.loads(args_info), s.device(), number=opts.get("number", 3),
+                           repeat=opts.get("repeat", 1), min_repeat_ms=opts.get("min_repeat_ms", 100),
+                           seed=int(opts.get("seed", 0)))
         s.libs.pop(lib_file, None)   # candidates are used once: keep neither hundreds of modules nor their files
         try:
             os.remove(s.path(lib_file))
         except OSError:
             pass
-        return json.dumps([float(x) for x in res.results])
+        return json.dumps(secs)
 
     @reg("time_stage")
     def _time_stage(lib_files: str, groups: str, options: str) -> float:

@@ -339,6 +339,17 @@ def _tuning_source(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule(funcs)
 
 
+def _extract_tasks(mod: tvm.IRModule, target, op_names: list[str] | None):
+    """(the module tuned, its MetaSchedule tasks): unscheduled kernels only, those whose name contains one of
+    ``op_names`` when given."""
+    src = _tuning_source(mod)
+    extracted = ms.relax_integration.extract_tasks(src, target, module_equality="structural")
+    extracted = [t for t in extracted if not _is_scheduled(t.dispatched[0]["main"])]
+    if op_names:
+        extracted = [t for t in extracted if any(o in t.task_name for o in op_names)]
+    return src, extracted
+
+
 def _is_scheduled(func) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs
 
@@ -662,11 +673,7 @@ def tune_program(program, target="llvm", work_dir: str = "tuning_db", trials: in
         state.update(target=_target_text(target), tvm_version=tvm.__version__, device=here)
         db = _open_database(work_dir, create=True)
         records = _Records(db)
-        src = _tuning_source(mod)
-        extracted = ms.relax_integration.extract_tasks(src, target, module_equality="structural")
-        extracted = [t for t in extracted if not _is_scheduled(t.dispatched[0]["main"])]
-        if op_names:
-            extracted = [t for t in extracted if any(o in t.task_name for o in op_names)]
+        src, extracted = _extract_tasks(mod, target, op_names)
         from ..extract import prim_func_flops
 
         reports: list[tuple] = []

@@ -34,6 +34,14 @@ def register(sub) -> None:
     p.add_argument("--no-baselines", action="store_true", help="do not time the untuned kernels")
     p.add_argument("--seed", type=int, default=None, help="random seed of the search")
     add_rpc_args(p, "time the candidates")
+    g = p.add_argument_group("tuning in rounds across a machine boundary (no compiler or no link needed there)")
+    g.add_argument("--bundle", default=None, metavar="DIR",
+                   help="export one round of candidates (--per-iter per kernel) into DIR instead of timing them; "
+                        "time them on the device with `python -m tvm_interop.runtime.tuning_bundle DIR -o R.json`")
+    g.add_argument("--import", dest="import_results", default=None, metavar="RESULTS",
+                   help="import a measured round (R.json) into --db and teach the cost model; then --bundle again")
+    g.add_argument("--device-cores", type=int, default=None,
+                   help="--bundle with a CPU target: the device's cores (the target's num-cores)")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -46,11 +54,15 @@ def run(args) -> int:
 
     from ..api import load_module, prepare_program
 
+    if args.import_results:
+        return _import(args)
     t0 = time.perf_counter()
     status(args, f"preparing {args.model} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
     program = prepare_program(mod, args.target, name=name)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    if args.bundle:
+        return _export(args, program, ops, name)
     progress = False if (args.quiet or args.json) else None  # None: progress lines only on a terminal
     try:
         with fleet_from_args(args) as fleet:
@@ -75,4 +87,40 @@ def run(args) -> int:
         print(f"total time {total:.1f} s (tuning {report.seconds:.1f} s)")
         if fleet_report is not None:
             print(fleet_line(fleet_report))
+    return 0
+
+
+def _export(args, program, ops, name: str) -> int:
+    from tvm_interop.passes.kernels.tuning_bundle import export_round
+
+    if args.rpc:
+        from tvm_interop.runtime.errors import InteropError
+
+        raise InteropError("--bundle is for a device without a link to this machine; --rpc times candidates "
+                           "directly (use one or the other)")
+    status(args, f"proposing up to {args.per_iter} candidate(s) per kernel of {name} ...")
+    out = export_round(program, args.target, args.db, args.bundle, args.trials, per_round=args.per_iter,
+                       op_names=ops, num_threads=args.threads, target_cores=args.device_cores,
+                       cost_model=args.cost_model, seed=args.seed)
+    if args.json:
+        print_json({"model": name, **out})
+    elif out["done"]:
+        print(f"{name}: every kernel has {args.trials} trials (or its search space is exhausted); nothing to export")
+    else:
+        print(f"{name}: {out['candidates']} candidates for {len(out['per_task'])} kernel(s) -> {out['bundle']} "
+              f"({out['seconds']:.1f} s)")
+        print(f"on the device: python -m tvm_interop.runtime.tuning_bundle {out['bundle']} -o results.json")
+        print(f"then here:     tvm-interop tune {args.model} --db {args.db} --import results.json")
+    return 0
+
+
+def _import(args) -> int:
+    from tvm_interop.passes.kernels.tuning_bundle import import_results
+
+    out = import_results(args.db, args.import_results, num_threads=args.threads, cost_model=args.cost_model)
+    if args.json:
+        print_json(out)
+    else:
+        print(f"round {out['round']}: {out['records']} records ({out['failed']} failed, {out['missing']} missing "
+              f"from the results) for {out['tasks']} kernel(s) measured on {out['device']} -> {args.db}")
     return 0
