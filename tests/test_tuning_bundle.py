@@ -130,3 +130,36 @@ def test_cli_round_trip(program, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["records"] == 2
     assert main([*base, "--import", str(tmp_path / "r.json")]) == 1
     assert "already imported" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="CUDA builds need nvcc")
+def test_cuda_round_trip_without_a_gpu(tmp_path):
+    """A CUDA round built here (candidates as fatbins), its results stood in for by made-up timings (there is no
+    GPU here: what is tested is the plumbing, not the timings), imported, and used by a CUDA compile."""
+    import tvm_interop
+    from tvm_interop.api import load_module, prepare_program
+    from tvm_interop.passes.cuda_compile import inspect_cuda_library
+    from tvm_interop.passes.target import normalize_target
+    from tvm_interop.runtime.tuning_bundle import RESULTS_FORMAT, VERSION
+
+    tiny = dict(batch_size=1, image_size=32, width=0.125)
+    mod, name = load_module("squeezenet", **tiny)
+    target = normalize_target("cuda")
+    program = prepare_program(mod, target, name=name)
+    db = str(tmp_path / "db")
+    b = export_round(program, target, db, str(tmp_path / "b"), trials=2, per_round=2, op_names=OPS)
+    plan = json.load(open(os.path.join(b["bundle"], "bundle.json")))
+    assert plan["device"] == "cuda" and len(plan["candidates"]) == 2
+    for c in plan["candidates"]:
+        info = inspect_cuda_library(os.path.join(b["bundle"], c["file"]))
+        assert info["formats"] == ["fatbin"] and not info["source_left"], info
+    stand_in = {"format": RESULTS_FORMAT, "version": VERSION, "bundle_id": plan["id"], "device_kind": "cuda",
+                "device": "cuda:stand-in GPU:sm_90", "tvm_version": plan["tvm_version"], "target": plan["target"],
+                "results": [{"id": c["id"], "run_secs": [1e-5 * (i + 1)]} for i, c in enumerate(plan["candidates"])]}
+    json.dump(stand_in, open(tmp_path / "r.json", "w"))
+    assert import_results(db, str(tmp_path / "r.json"))["records"] == 2
+    assert tuned_functions(apply_database(program.mod, target, db)) == ["fused_conv2d_add_relu"]
+    cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="sequential", tuning_db=db, candidates=False,
+                             cuda_graph=False, **tiny)
+    assert "tuning_db" in cm.timings
+    cm.close()
