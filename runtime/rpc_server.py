@@ -257,6 +257,12 @@ def main(argv=None) -> int:
                    help="pin the server to these CPU cores (e.g. 0-7): several servers can share a large host; "
                         "the core count is part of a CPU device's fingerprint")
     args = p.parse_args(argv)
+    import signal
+
+    # stop cleanly (exit handlers run) on SIGTERM, and on Ctrl-C even when started with SIGINT ignored (as a
+    # shell's background job is): a service manager and a terminal both get an orderly exit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.cpus:
         os.sched_setaffinity(0, _parse_cpus(args.cpus))
     kind = _device_kind(args.device)

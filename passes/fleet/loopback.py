@@ -138,8 +138,8 @@ class LoopbackFleet:
         self._stop(server.proc, signal.SIGKILL)
 
     def stop(self, server: ServerProcess) -> None:
-        """Stop a server politely (SIGINT: it exits through Python, running its exit handlers)."""
-        self._stop(server.proc, signal.SIGINT)
+        """Stop a server politely (SIGTERM: it exits through Python, running its exit handlers)."""
+        self._stop(server.proc, signal.SIGTERM)
 
     @staticmethod
     def _stop(proc: subprocess.Popen, sig) -> None:
