@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 BUNDLE_FORMAT = "tvm-interop-profile-bundle"
 BUNDLE_VERSION = 1
 STAGE_FUNC = "__tvm_interop_stage{}"
+PROGRAM_FUNC = "__tvm_interop_program{}"
 LIBRARY = "bundle.so"
 PLAN = "bundle.json"
 
@@ -190,46 +191,64 @@ def _tensor_table(program: Program):
 
 
 def _build_stage_module(program: Program, stages: list[dict], units: dict, tensors: list[dict], device: str,
-                        num_streams: int) -> tvm.IRModule:
+                        num_streams: int, programs: list[dict] | None = None) -> tvm.IRModule:
+    """One Relax function per stage (its groups forked onto streams and joined, as the stage-mode lowering does)
+    and one per whole program (``programs``: its stages in order, in one function, so that it is timed as it
+    runs: back to back, without a host round trip between stages)."""
     from .lower_streams import ProgramEmitter, i32_value  # the same stream helpers as the lowering
 
     em = ProgramEmitter(program, device)
     bb = em.bb
     int64 = tvm.ir.PrimType("int64")
     prim_gvs = {gv.name_hint: gv for gv, f in program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-    for k, st in enumerate(stages):
-        groups = st["groups"]
+
+    def tensors_of(stage_groups) -> list[int]:
         used: list[int] = []
-        for g in groups:
+        for groups in stage_groups:
+            for g in groups:
+                for u in g:
+                    for t in units[u]["args"] + units[u]["outs"]:
+                        if t not in used:
+                            used.append(t)
+        return used
+
+    def emit_stage(groups, params, streams) -> None:
+        concurrent = len(groups) > 1 and num_streams > 0
+        if concurrent:
+            main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
+                             name_hint="main_stream")
+            svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
+            used_s = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))
+            for s in used_s:
+                bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, main_s, svars[s]), name_hint="event")
+        for gi, g in enumerate(groups):
+            if concurrent:
+                bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
             for u in g:
-                for t in units[u]["args"] + units[u]["outs"]:
-                    if t not in used:
-                        used.append(t)
-        st["tensors"] = used
+                spec = units[u]
+                gv = prim_gvs[spec["func"]]
+                bb.emit(relax.Call(gv, [params[t] for t in spec["args"] + spec["outs"]]), name_hint=u)
+        if concurrent:
+            bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
+            for s in used_s:
+                bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, svars[s], main_s), name_hint="event")
+
+    def emit_function(name: str, stage_groups) -> list[int]:
+        used = tensors_of(stage_groups)
         params = {t: relax.Var(f"t{t}", relax.TensorType(tensors[t]["shape"], tensors[t]["dtype"])) for t in used}
         streams = relax.Var("streams", relax.TupleType([int64] * num_streams))
-        with bb.function(STAGE_FUNC.format(k), [params[t] for t in used] + [streams], pure=False):
-            concurrent = len(groups) > 1 and num_streams > 0
-            if concurrent:
-                main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
-                                 name_hint="main_stream")
-                svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
-                used_s = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))
-                for s in used_s:
-                    bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, main_s, svars[s]), name_hint="event")
-            for gi, g in enumerate(groups):
-                if concurrent:
-                    bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
-                for u in g:
-                    spec = units[u]
-                    gv = prim_gvs[spec["func"]]
-                    bb.emit(relax.Call(gv, [params[t] for t in spec["args"] + spec["outs"]]), name_hint=u)
-            if concurrent:
-                bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
-                for s in used_s:
-                    bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, svars[s], main_s), name_hint="event")
+        with bb.function(name, [params[t] for t in used] + [streams], pure=False):
+            for groups in stage_groups:
+                emit_stage(groups, params, streams)
             bb.emit_func_output(relax.Tuple([]))
+        return used
+
+    for k, st in enumerate(stages):
+        st["tensors"] = emit_function(STAGE_FUNC.format(k), [st["groups"]])
         st["function"] = STAGE_FUNC.format(k)
+    for k, pr in enumerate(programs or []):
+        pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"])
+        pr["function"] = PROGRAM_FUNC.format(k)
     em.emit_stream_funcs(num_streams)
     built = bb.get()
     funcs = {gv: f for gv, f in program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
@@ -239,9 +258,10 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
 
 
 def build_profile_bundle(program: Program, target, out_dir: str, options: BundleOptions | None = None,
-                         stages: list[dict] | None = None) -> Bundle:
+                         stages: list[dict] | None = None, programs: list[dict] | None = None) -> Bundle:
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
-    ``out_dir/bundle.so`` and write ``out_dir/bundle.json``."""
+    ``out_dir/bundle.so`` and write ``out_dir/bundle.json``. ``programs``: whole schedules to time as well
+    (``{"name", "stages": [[group, ...], ...]}``, concurrent stages only, in order), each one function."""
     from .cuda_build import build_cuda
     from .target import normalize_target, target_text
     from .target import device_kind
@@ -254,12 +274,15 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     if stages is None:
         stages = candidate_stages(graph, options, device)
     stages = [{"groups": [list(g) for g in st["groups"]], "sources": list(st.get("sources", []))} for st in stages]
-    widest = max((len(st["groups"]) for st in stages), default=1)
+    programs = [{"name": str(pr["name"]), "stages": [[list(g) for g in groups] for groups in pr["stages"]]}
+                for pr in (programs or [])]
+    widest = max([len(st["groups"]) for st in stages]
+                 + [len(groups) for pr in programs for groups in pr["stages"]], default=1)
     from .lower_streams import resolve_stream_count
 
     num_streams = resolve_stream_count(options.max_streams, widest)
     tensors, units = _tensor_table(program)
-    mod = _build_stage_module(program, stages, units, tensors, device, num_streams)
+    mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
     notes: list = []
     if target.kind.name == "cuda":
         ex, report = build_cuda(mod, target, cuda_graph=False)
@@ -275,6 +298,7 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
         "graph_fingerprint": graph.fingerprint(), "target": target_text(target),
         "device": device, "library": LIBRARY, "num_streams": num_streams, "options": options.to_json(),
         "streams_function": STREAMS_FUNC, "tensors": tensors, "units": units, "stages": stages,
+        "programs": programs,
     }
     from .schedule import atomic_write_text
 

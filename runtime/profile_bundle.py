@@ -81,10 +81,14 @@ def measure_bundle(bundle_dir: str, device: str | None = None, method: str | Non
 
 def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: str | None = None,
                  repeat: int = 20, number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0,
-                 indices=None, out: str | None = None, progress=None) -> dict:
+                 indices=None, program_indices=None, out: str | None = None, progress=None) -> dict:
     """Time the stages ``indices`` (default: all) of a bundle given as its plan (``bundle.json``, read) and the
     path of its library. A device server measures a share of a bundle this way (``runtime.rpc_server``); each
-    table row carries its stage ``index`` so shares measured on several devices merge back in order."""
+    table row carries its stage ``index`` so shares measured on several devices merge back in order.
+
+    Whole programs (``plan["programs"]``, see ``passes.profile_bundle``) are timed too, each as one VM function
+    with ``time_evaluator`` whatever the method (a program's latency is its stages back to back, sync included):
+    ``program_indices`` (default: all when ``indices`` is None, else none) -> ``table["programs"]``."""
     import tvm
     from tvm.runtime import vm as rvm
 
@@ -115,28 +119,34 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
     if bad:
         raise InteropError(f"stage indices {bad[:5]} out of range: the bundle has {len(plan['stages'])} stages")
     stages = [plan["stages"][i] for i in order]
+    all_programs = plan.get("programs", [])
+    p_order = ((list(range(len(all_programs))) if indices is None else []) if program_indices is None
+               else [int(i) for i in program_indices])
+    if any(not 0 <= i < len(all_programs) for i in p_order):
+        raise InteropError(f"program indices {p_order[:5]} out of range: the bundle has {len(all_programs)}")
     t_start = time.perf_counter()
     results = []
+    program_results = []
+    vm = streams = None
+
+    def vm_time(fn_name: str, tensor_ids) -> float:
+        nonlocal vm, streams
+        if vm is None:
+            vm = rvm.VirtualMachine(lib, dev)
+            streams = vm[plan.get("streams_function", STREAMS_FUNC)]()
+        args = [tensor(t) for t in tensor_ids]
+        for _ in range(max(1, warmup)):
+            vm[fn_name](*args, streams)
+        dev.sync()
+        timer = vm.time_evaluator(fn_name, dev, number=number, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+        return float(np.median(np.asarray(timer(*args, streams).results)))
+
     if method == "vm":
-        vm = rvm.VirtualMachine(lib, dev)
-        streams = vm[plan.get("streams_function", STREAMS_FUNC)]()
         for i, st in enumerate(stages):
-            args = [tensor(t) for t in st["tensors"]]
-            fn = st["function"]
-            for _ in range(max(1, warmup)):
-                vm[fn](*args, streams)
-            dev.sync()
-            timer = vm.time_evaluator(fn, dev, number=number, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
-            res = timer(*args, streams)
-            lat = float(np.median(np.asarray(res.results)))
+            lat = vm_time(st["function"], st["tensors"])
             results.append(lat)
             if progress:
                 progress(i + 1, len(stages), lat)
-        try:
-            dev.sync()
-            vm["__tvm_interop_free_streams"](streams)
-        except Exception:  # noqa: BLE001 - best effort
-            pass
     else:
         from .stage_timer import KernelCall, StageTimer
 
@@ -158,6 +168,14 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
                     progress(i + 1, len(stages), lat)
         finally:
             timer.close()
+    for k in p_order:
+        program_results.append(vm_time(all_programs[k]["function"], all_programs[k]["tensors"]))
+    if vm is not None:
+        try:
+            dev.sync()
+            vm["__tvm_interop_free_streams"](streams)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
     table = {
         "format": TABLE_FORMAT, "version": TABLE_VERSION, "model": plan.get("model"),
         "graph_fingerprint": plan.get("graph_fingerprint"), "target": plan.get("target"), "device_kind": kind,
@@ -166,6 +184,8 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
                   ("time_evaluator (wall clock)" if method == "vm" else "worker threads (wall clock)"),
         "statistic": "median", "repeat": repeat, "number": number if method == "vm" else 1, "warmup": warmup,
         "units": {}, "stages": [], "seconds": 0.0,
+        "programs": [{"index": k, "name": all_programs[k]["name"], "stages": len(all_programs[k]["stages"]),
+                      "latency": lat} for k, lat in zip(p_order, program_results)],
     }
     for index, st, lat in zip(order, stages, results):
         groups = st["groups"]

@@ -35,15 +35,16 @@ class BundleJob:
         self.plan_path = os.path.join(self.bundle_dir, "bundle.json")
         self.lib_path = os.path.join(self.bundle_dir, self.plan["library"])
 
-    def run(self, device: RemoteDevice, indices: list[int]) -> dict:
+    def run(self, device: RemoteDevice, item: tuple[list[int], list[int]]) -> dict:
+        indices, program_indices = item
         kind = self.options.get("device") or self.plan["device"]
         if device.info.get("device_kind") != kind:
             raise FleetError(f"{device.address} measures on {device.info.get('device_kind')!r}, the bundle wants "
                              f"{kind!r} (built for {self.plan.get('target')})")
         plan_name = device.upload(self.plan_path, timeout=self.call_timeout)
         lib_name = device.upload(self.lib_path, timeout=self.call_timeout)
-        text = device.call("measure_bundle", plan_name, lib_name, json.dumps({**self.options, "indices": indices}),
-                           timeout=self.call_timeout)
+        opts = {**self.options, "indices": indices, "program_indices": program_indices}
+        text = device.call("measure_bundle", plan_name, lib_name, json.dumps(opts), timeout=self.call_timeout)
         table = json.loads(text)
         table["measured_by"] = device.address
         return table
@@ -70,8 +71,10 @@ def measure_bundle_on_fleet(bundle_dir: str, fleet: Fleet, *, method: str | None
     job = BundleJob(bundle_dir, options, fleet.options.call_timeout)
     fleet.start()
     n = len(job.plan["stages"]) if not limit else min(limit, len(job.plan["stages"]))
-    chunks = chunk_indices(n, len(fleet.devices), chunk)
-    parts = fleet.map(job, chunks)
+    # stage chunks, then each whole program on its own (a program is one long measurement)
+    items = [(c, []) for c in chunk_indices(n, len(fleet.devices), chunk)]
+    items += [([], [k]) for k in range(len(job.plan.get("programs", [])) if not limit else 0)]
+    parts = fleet.map(job, items)
     table = merge_tables(parts)
     table["seconds"] = time.perf_counter() - t0
     table["fleet"] = fleet.report()
@@ -94,5 +97,6 @@ def merge_tables(parts: list[dict]) -> dict:
     table["stages"] = rows
     table["units"] = {r["groups"][0][0]: r["latency"] for r in rows
                       if len(r["groups"]) == 1 and len(r["groups"][0]) == 1}
+    table["programs"] = sorted((row for p in parts for row in p.get("programs", [])), key=lambda r: r["index"])
     assert all(r["key"] == stage_key(r["groups"]) for r in rows)
     return table

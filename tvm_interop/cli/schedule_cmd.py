@@ -60,7 +60,18 @@ def register(sub) -> None:
     p.add_argument("--inner-scheduler", default=None, choices=SCHEDULERS[:-1],
                    help="autograph: the scheduler of each candidate graph (default ios)")
     p.add_argument("--top-k", type=int, default=None, metavar="K",
-                   help="autograph: candidates verified under the cost model (default 4)")
+                   help="autograph: candidates verified under the cost model (default 4); --active: picks "
+                        "measured on the device per round (default 3)")
+    g = p.add_argument_group("active search on the device (search, measure the picks there, refit, again)")
+    g.add_argument("--active", default=None, metavar="DIR",
+                   help="run or continue an active device search in DIR: each round builds a profiling bundle of "
+                        "what the top-k picks need measured (their new stages and whole programs); with --rpc it "
+                        "is measured on the fleet at once, else measure it on the device and --import the table")
+    g.add_argument("--import", dest="import_results", default=None, metavar="RESULTS",
+                   help="--active: the measured table of the waiting round")
+    g.add_argument("--target", default=None,
+                   help="--active: the target the kernels are built for (default cuda; llvm for CPU devices)")
+    g.add_argument("--rounds", type=int, default=4, help="--active: rounds at most (default 4)")
     p.add_argument("--rules", default=None, metavar="R1,R2",
                    help="autograph: only these substitution rules (default: all; see passes.substitutions.RULES)")
     p.add_argument("--max-part-nodes", type=int, default=None, metavar="N",
@@ -165,6 +176,11 @@ def run(args) -> int:
 
     from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
 
+    if args.active:
+        with fleet_from_args(args) as fleet:
+            return _run_active(args, fleet)
+    if args.import_results or args.target:
+        raise InteropError("--import and --target belong to --active DIR")
     if args.rpc and not is_timed_cost(args.cost):
         raise InteropError(f"--rpc times stages on remote devices: it needs --cost measured or learned, not "
                            f"{args.cost!r} (for a GPU: profile-bundle, profile-measure --rpc, --cost table:FILE)")
@@ -323,3 +339,38 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
 
 def _model_name(args, graph) -> str:
     return graph.name or args.model
+
+
+def _run_active(args, fleet) -> int:
+    """``--active DIR``: the device search of ``passes.device_search`` (one round per call without --rpc)."""
+    from tvm_interop.passes.device_search import device_search
+    from tvm_interop.api import load_module, prepare_program
+
+    target = args.target or "cuda"
+    status(args, f"preparing {args.model} for {target} ...")
+    mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+    program = prepare_program(mod, target, name=name)
+    with progress_logging(args):
+        res = device_search(program, target, args.active, scheduler=args.scheduler, top_k=args.top_k or 3,
+                            rounds=args.rounds, fleet=fleet, import_path=args.import_results, model_name=name,
+                            batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+    if res.schedule is not None and args.output:
+        res.schedule.save(args.output)
+    out = {"status": res.status, "directory": res.directory, "bundle": res.bundle,
+           "measure_command": res.measure_command, "history": res.history, "candidates": res.candidates,
+           "shipped": None if res.schedule is None else res.schedule.search["device_search"]["shipped"],
+           "measured_ms": None if res.schedule is None else res.schedule.measured_latency * 1e3,
+           "output": args.output, "fleet": fleet.report() if fleet is not None else None}
+    if args.json:
+        print_json(out)
+        return 0
+    for c in res.candidates:
+        meas = "not measured yet" if c["measured_ms"] is None else f"measured {c['measured_ms']:.3f} ms"
+        print(f"  {c['name']:<16} predicted {c['predicted_ms']:.3f} ms, {meas}")
+    if res.status == "waiting":
+        print(f"round waiting for the device: {res.measure_command}")
+        print(f"then: this command again with --import {res.bundle}/costs.json")
+    else:
+        print(f"shipped {out['shipped']}: measured {out['measured_ms']:.3f} ms on {res.schedule.search['device_search']['device']}"
+              + (f" -> {args.output}" if args.output else ""))
+    return 0
