@@ -15,6 +15,10 @@ that needs the compiler happens here, the device only loads and runs. ``scripts/
       cost ``sim:h100`` unless ``--cost``) and mode (stage, dependency) the stream-lowered program, with and
       without CUDA graph, all in one library sharing the kernels.
 
+    ``--tuned MODEL=DIR`` (repeatable) adds the entry ``MODEL+tuned``: the same libraries built with the kernels of a
+    MetaSchedule database (tuned through ``tvm-interop tune --bundle``/``--import`` rounds or ``--rpc``), so one run
+    compares default and tuned kernels, each against its own plain TVM reference.
+
     Kernels are compiled by nvcc into fatbins (``passes.cuda_compile``) and every library is checked to hold no
     CUDA source, so nothing is compiled when the device loads it. Weights are **parameters** (``main(x,
     *weights)``), generated on the device from a seed, so the libraries carry kernels only; they are stored
@@ -100,6 +104,9 @@ def main(argv=None) -> int:
     b.add_argument("--max-streams", type=int, default=8)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-kit", action="store_true", help="skip the runtime kit and the wheel (local dry runs)")
+    b.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
+                   help="also build MODEL with the kernels of this tuning database (`tvm-interop tune --bundle/"
+                        "--import` or `--rpc`): a second entry MODEL+tuned, every variant with tuned kernels")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="there: runtime only; check and time every variant")
     r.add_argument("--dir", default=DEFAULT_DIR)

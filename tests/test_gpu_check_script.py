@@ -295,3 +295,32 @@ def test_cuda_build_squeezenet(tmp_path):
         assert gcdev.cuda_kernel_formats(path) == ["fatbin"]
     graph = json.load(open(d / entry["torch_program"]))
     assert graph["inputs"][0][1] == [1, 3, 224, 224] and graph["nodes"]
+
+
+def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
+    """``build --tuned MODEL=DIR``: a second entry MODEL+tuned whose every variant uses the database's kernels;
+    the runtime-only run step checks it like any other entry."""
+    from tvm_interop.api import load_module, prepare_program
+    from tvm_interop.passes.kernels.tuning import tune_program
+
+    mod, name = load_module("squeezenet", batch_size=1, image_size=32, width=0.125)
+    db = str(tmp_path / "db")
+    tune_program(prepare_program(mod, "llvm", name=name), "llvm", db, trials=2, op_names=["conv2d_add_relu"],
+                 num_trials_per_iter=2, quiet=True, baselines=False)
+    d = str(tmp_path / "build")
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "sequential", "--modes", "stage", "--tuned", f"squeezenet={db}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.load(open(os.path.join(d, "manifest.json")))
+    assert [m["name"] for m in manifest["models"]] == ["squeezenet", "squeezenet+tuned"]
+    tuned = manifest["models"][1]
+    assert tuned["tuned_kernels"] == ["fused_conv2d_add_relu"] and tuned["torch_program"] is None
+    env, _ = _runtime_only_env(tmp_path)
+    out = str(tmp_path / "out")
+    r = _gc("run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "2", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.load(open(os.path.join(out, "gpu_check.json")))
+    assert [m["name"] for m in result["models"]] == ["squeezenet", "squeezenet+tuned"]
+    assert all(v.get("ok") is not False for m in result["models"] for v in m["variants"])
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--tuned", "resnet50=" + db)
+    assert r.returncode != 0 and "not built" in r.stderr

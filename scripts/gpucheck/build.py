@@ -242,22 +242,36 @@ def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
     return {"torch_program": path}
 
 
-def build_model(ctx: BuildContext, name: str) -> dict:
-    """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON."""
+def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None) -> dict:
+    """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON.
+    ``tuning_db``: the entry ``NAME+tuned``, every variant (plain TVM included) built with the database's tuned
+    kernels, so that the run compares tuned and default kernels model by model."""
+    import dataclasses
+
     import tvm_interop
 
     t0 = time.perf_counter()
     mod, image = _model(ctx, name)
     program = tvm_interop.api.prepare_program(mod, ctx.target, name=name)
-    plain, plain_lib, plain_formats = _plain_variants(ctx, name, program)
-    sched, sched_lib, sched_formats = _scheduled_variants(ctx, name, program)
-    entry = {"name": name, "image_size": image, "units": len(program.graph),
+    label = name
+    extra: dict = {}
+    if tuning_db is not None:
+        from tvm_interop.passes.kernels.tuning import apply_database, tuned_functions
+
+        program = dataclasses.replace(program, mod=apply_database(program.mod, ctx.target, tuning_db))
+        label = f"{name}+tuned"
+        extra = {"tuning_db": os.path.abspath(tuning_db), "tuned_kernels": tuned_functions(program.mod),
+                 "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
+    plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)
+    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, program)
+    entry = {"name": label, "image_size": image, "units": len(program.graph),
              "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
              "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
              "plain": {"library": plain_lib}, "variants": plain + sched,
-             "kernels": {plain_lib: plain_formats, sched_lib: sched_formats}, **_torch_fields(ctx, name, mod)}
-    log(f"  {name}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
-        f"{time.perf_counter() - t0:.0f} s")
+             "kernels": {plain_lib: plain_formats, sched_lib: sched_formats},
+             **(extra or _torch_fields(ctx, name, mod))}
+    log(f"  {label}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
+        f"{time.perf_counter() - t0:.0f} s" + (f" ({len(extra['tuned_kernels'])} tuned kernels)" if extra else ""))
     return entry
 
 
@@ -297,8 +311,19 @@ def cmd_build(args) -> int:
         _runtime_kit(ctx.out, log)
     manifest = _manifest(ctx)
     names = list_models() if args.models == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
+    tuned = {}
+    for item in args.tuned:
+        model, sep, path = item.partition("=")
+        if not sep or not os.path.isdir(path):
+            raise SystemExit(f"gpu_check build: --tuned wants MODEL=DIR with an existing tuning database, got {item!r}")
+        tuned[model] = path
+    unknown = sorted(set(tuned) - set(names))
+    if unknown:
+        raise SystemExit(f"gpu_check build: --tuned names models that are not built: {unknown}")
     for name in names:
         manifest["models"].append(build_model(ctx, name))
+        if name in tuned:
+            manifest["models"].append(build_model(ctx, name, tuned[name]))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")
