@@ -21,7 +21,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RunnerInput, RunnerResult
 from tvm.s_tir.meta_schedule.runner.runner import PyRunner, PyRunnerFuture
 
-from ..kernels.fast_builder import BuildStats
+from ..kernels.fast_builder import BuildStats, args_info_json
 from .device import RemoteDevice
 from .pool import Fleet
 
@@ -78,9 +78,8 @@ class FleetRunner(PyRunner):
         t0 = time.perf_counter()
         out = []
         for ri in runner_inputs:
-            info = [a.as_json() if hasattr(a, "as_json") else a for a in ri.args_info]
-            out.append(FleetRunnerFuture(self.fleet.submit(self.job, (str(ri.artifact_path), _plain(info))),
-                                         self.stats, t0))
+            item = (str(ri.artifact_path), args_info_json(ri.args_info))
+            out.append(FleetRunnerFuture(self.fleet.submit(self.job, item), self.stats, t0))
         return out
 
     def time_module(self, rt_mod, args_info, target) -> list[float]:
@@ -92,19 +91,7 @@ class FleetRunner(PyRunner):
         try:
             path = os.path.join(tmp, "baseline.so")
             export_candidate(rt_mod, path, target)
-            info = [a.as_json() if hasattr(a, "as_json") else a for a in args_info]
-            return self.fleet.submit(self.job, (path, _plain(info))).result()
+            return self.fleet.submit(self.job, (path, args_info_json(args_info))).result()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-
-def _plain(v):
-    """TVM containers (Array, String, IntImm) as JSON-able Python values."""
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if hasattr(v, "value"):
-        return v.value
-    try:
-        return [_plain(x) for x in v]
-    except TypeError:
-        return str(v)

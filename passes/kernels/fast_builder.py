@@ -56,7 +56,7 @@ from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_eval
 log = logging.getLogger(__name__)
 
 __all__ = ["InProcessBuilder", "InProcessRunner", "tensor_intrinsics_for", "BuildStats", "build_candidate",
-           "measure_module", "export_candidate"]
+           "measure_module", "export_candidate", "args_info_json"]
 
 _ARTIFACT_FILE = "inprocess.module"
 _TENSOR_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
@@ -182,6 +182,22 @@ def build_candidate(mod: tvm.IRModule, target) -> "tvm.runtime.Module":
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.tirx.build(mod, target=target)
+
+
+def args_info_json(args_info) -> list:
+    """MetaSchedule ``ArgInfo`` objects (or their JSON form) as plain JSON lists (``["TENSOR", dtype, shape]``):
+    what a candidate measured on another machine carries (``passes.fleet.runner``, ``tuning_bundle``)."""
+    def plain(v):
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return v
+        if hasattr(v, "value"):
+            return v.value
+        try:
+            return [plain(x) for x in v]
+        except TypeError:
+            return str(v)
+
+    return [plain(a.as_json() if hasattr(a, "as_json") else a) for a in args_info]
 
 
 def export_candidate(rt_mod, path: str, target) -> None:

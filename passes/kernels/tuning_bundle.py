@@ -35,7 +35,7 @@ from tvm_interop.runtime import atomic
 from tvm_interop.runtime.json_file import read_json
 from tvm_interop.runtime.tuning_bundle import BUNDLE_FORMAT, RESULTS_FORMAT, VERSION
 
-from .fast_builder import InProcessBuilder, tensor_intrinsics_for
+from .fast_builder import InProcessBuilder, args_info_json, tensor_intrinsics_for
 from .tuning import (STATE_FORMAT, STATE_VERSION, TuningError, _as_module, _check_target, _extract_tasks, _lock,
                      _make_cost_model, _open_database, _read_state, _Records, _save_cost_model, _search_strategy,
                      _target_text, _write_state, tuning_target)
@@ -103,7 +103,7 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
                         continue
                     cid = f"c{len(cands_out):05d}"
                     shutil.move(b.artifact_path, os.path.join(bundle_dir, cid + ".so"))
-                    info = [list(_plain(a.as_json())) for a in c.args_info]
+                    info = args_info_json(c.args_info)
                     cands_out.append({"id": cid, "file": cid + ".so", "task": t.task_name, "args_info": info})
                     pending_records.append(_record_json(c, workload, target, key, cid, None))
                 per_task[t.task_name] = len(proposed)
@@ -143,17 +143,6 @@ def _propose(task, tmod, target, want, db, model, work_dir, population_size, see
     return list(cands)[:want]
 
 
-def _plain(v):
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if hasattr(v, "value"):
-        return v.value
-    try:
-        return [_plain(x) for x in v]
-    except TypeError:
-        return str(v)
-
-
 def _record_json(cand, workload, target, task_key: str, cid: str | None, error: str | None) -> dict:
     rec = ms.database.TuningRecord(cand.sch.trace, workload, None, target, cand.args_info)
     return {"id": cid, "task": task_key, "workload": _plain_json(workload.as_json()),
@@ -161,7 +150,8 @@ def _record_json(cand, workload, target, task_key: str, cid: str | None, error: 
 
 
 def _plain_json(obj):
-    return json.loads(json.dumps(obj, default=_plain))
+    """A TVM JSON value (``as_json()`` of a record or workload) as plain Python, for our JSON files."""
+    return json.loads(json.dumps(obj, default=lambda v: v.value if hasattr(v, "value") else str(v)))
 
 
 def import_results(work_dir: str, results_path: str, *, num_threads: int | None = None,
