@@ -219,6 +219,41 @@ def test_server_killed_mid_job_loses_only_its_items(runtime_env, bundle, tmp_pat
     assert survivor and survivor[0]["items"] > report["items"] // 2
 
 
+def test_a_wedged_server_costs_one_timeout(runtime_env, bundle, tmp_path):
+    """A server that stops answering mid-job (SIGSTOP: alive, registered, silent) holds its item for at most the
+    measurement timeout; the item is then measured on the other server and the job finishes."""
+    import signal
+
+    from tvm_interop.passes.fleet.bundle import measure_bundle_on_fleet
+
+    env, _ = runtime_env
+    with LoopbackFleet(env=env) as lf:
+        victim = lf.add_server("cpu")
+        lf.add_server("cpu")
+        lf.wait_for("cpu", 2)
+        stopped = threading.Event()
+
+        def progress(done, total, address):
+            if address == victim.address and not stopped.is_set():
+                stopped.set()
+                os.killpg(victim.proc.pid, signal.SIGSTOP)
+
+        try:
+            t0 = time.perf_counter()
+            with Fleet(lf.tracker, "cpu", FleetOptions(device_wait=5.0, call_timeout=3.0), progress=progress) as f:
+                table = measure_bundle_on_fleet(bundle, f, repeat=60, warmup=1, chunk=2)
+            seconds = time.perf_counter() - t0
+        finally:
+            lf.kill(victim)   # SIGKILL ends a stopped process too
+    assert stopped.is_set()
+    report = table["fleet"]
+    assert [x["address"] for x in report["lost"]] == [victim.address], report
+    assert "did not return within 3 s" in report["lost"][0]["why"] and report["failed"] == 0
+    n = len(json.load(open(os.path.join(bundle, "bundle.json")))["stages"])
+    assert [r["index"] for r in table["stages"]] == list(range(n))
+    assert seconds < 60
+
+
 def test_foreign_fingerprint_refused(runtime_env, bundle, tmp_path):
     """Two servers on every core and one pinned to a single core under one key: the single-core one (another
     device, by its fingerprint) is refused with both fingerprints named and measures nothing."""

@@ -22,7 +22,8 @@ Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``)
     each broadcast of an input element feeds ``v_t / lanes`` FMAs. Loop order: outer tiles (the leading ones fused
     and parallel), the reduction loops, ``u_t`` (unrolled), ``v_t`` (vectorised). The accumulator tile lives in a
     ``local`` buffer (registers after LLVM's SROA), written back once per tile with the epilogue inlined into
-    the write-back; the padding stage stays a separate, parallel stage.
+    the write-back; the padding stage stays a separate, parallel stage, except where it pads nothing (1x1
+    convolutions): that plain copy of the input is inlined (:func:`_inline_identity_copy`).
 ``reduction_vector``
     dense / ``matmul_NT`` without enough reuse to repack the weights (GEMV, batch 1): ``rfactor`` the reduction
     by the vector width, vectorise the partial sums (contiguous loads of both operands).
@@ -349,7 +350,7 @@ def _prepare(sch: s_tir.Schedule):
     if len(sch.get(red).writes) != 1:
         raise _Skip("the reduction writes several buffers")
     idx = [s.name_hint for _, s, _ in infos].index(sch.get(red).name_hint)
-    prologue = [b for b, _, _ in infos[:idx]]
+    prologue = [b for b, _, _ in infos[:idx] if not _inline_identity_copy(sch, b)]
     after = [b for b, _, _ in infos[idx + 1:]]
     for b in after[:-1]:
         if _is_output_block(sch, b, outputs):
@@ -363,6 +364,31 @@ def _prepare(sch: s_tir.Schedule):
     elif not _is_output_block(sch, red, outputs):
         raise _Skip("the reduction is not the output")
     return red, prologue, epilogue
+
+
+def _inline_identity_copy(sch: s_tir.Schedule, block) -> bool:
+    """Inline a prologue block that reads one buffer at the very point it writes (TVM's ``pad_temp`` of a
+    convolution without padding: a plain copy): as a stage of its own it reads and writes the whole input once
+    more per call. A padded ``pad_temp`` reads at shifted points and is kept (inlined, its bounds test would sit
+    in the convolution's inner loop). True when inlined."""
+    from tvm_ffi import structural_equal
+
+    stmt = sch.get(block)
+    if len(stmt.reads) != 1 or len(stmt.writes) != 1:
+        return False
+    rd, wr = stmt.reads[0], stmt.writes[0]
+    if not (_is_point(rd) and _is_point(wr)) or len(rd.region) != len(wr.region):
+        return False
+    if [_int(d) for d in _buf(rd).shape] != [_int(d) for d in _buf(wr).shape]:
+        return False
+    if any(not structural_equal(a.min, b.min) for a, b in zip(rd.region, wr.region)):
+        return False
+    try:
+        sch.compute_inline(block)
+        return True
+    except Exception as err:  # noqa: BLE001 - keep it as a stage
+        log.debug("identity copy %s not inlined: %s", stmt.name_hint, err)
+        return False
 
 
 def _spatial_and_reduction_loops(sch, block):
