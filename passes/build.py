@@ -65,6 +65,10 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     target = normalize_target(target)
     mode = mode or plan.meta.get("mode", "stage")
     is_cuda = target.kind.name == "cuda"
+    if target.kind.name == "llvm":   # weights repacked once here, not on every call (the library only)
+        from .kernels.prepack import prepack_weights
+
+        program = prepack_weights(program, target)
     if candidates is None:
         candidates = target.kind.name != "llvm"
 

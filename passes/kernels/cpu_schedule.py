@@ -574,6 +574,8 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
         rd = sch.get(red).reads[idx]
         (dim,) = _dims_using(rd, v.var)
         copy = sch.cache_read(red, idx, "global")
+        # a constant weight is repacked once when the model is built instead (passes.kernels.prepack)
+        sch.annotate(copy, "meta_schedule.layout_rewrite_preproc", 1)
         imap = tirx.IndexMap.from_func(_repack_map(dim, vc.tile), ndim=len(rd.region),
                                        index_dtype=_index_dtype(rd))
         sch.transform_layout(red, ("read", idx), imap)

@@ -1,0 +1,119 @@
+"""Weights repacked once, when the model is built, instead of on every call.
+
+``cpu_schedule``'s convolution plan copies each weight into a vector-friendly layout (``OIHW`` -> ``O/16 I H W
+16``) inside the kernel, so every inference re-reads and re-writes every weight: ResNet-50 moves its 100 MB of
+weights twice per call. The copy is marked as a layout-rewrite preprocessing block (MetaSchedule's annotation,
+:data:`PREPACK_ANNOTATION`); here, at build time, each such kernel is split by TVM's own
+``relax.transform.SplitLayoutRewritePreproc`` into the copy and the compute, the copy is run once on each
+weight constant, and the library gets the compute kernel (under the original name, so plans and programs refer
+to it unchanged) and the repacked constants.
+
+Only the built library changes: the prepared program that the schedulers, cost models, merge and tuning see is
+untouched (:func:`prepack_weights` returns a copy). A kernel is left as it is (and the reason logged) when its
+weight is not a constant or a constant is shared with another use.
+
+Measured (``scripts/bench.py``, same session, this 2-core EPYC): see the README's limits section.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax
+
+log = logging.getLogger(__name__)
+
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+
+
+def _has_prepack_block(func) -> bool:
+    """True when a top-level block of the kernel is marked as weight preprocessing."""
+    try:
+        sch = tvm.s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - a kernel without the usual root block is not ours to split
+        return False
+    return any(PREPACK_ANNOTATION in sch.get(b).annotations for b in blocks)
+
+
+def _split(name: str, func, num_outputs: int):
+    """``(prepack PrimFunc, compute PrimFunc, rewritten parameter index)`` of one kernel, or None when TVM's pass
+    does not split it into exactly one rewritten parameter."""
+    params = [p for p in func.params]   # TVM 0.27: each parameter is the buffer itself (shape, dtype)
+    shapes = [[int(d) for d in p.shape] for p in params]
+    dtypes = [str(p.dtype) for p in params]
+    n_in = len(params) - num_outputs
+    bb = relax.BlockBuilder()
+    gv = bb.add_func(func, name)   # typed GlobalVar: call_tir checks its callee is a TIR function
+    args = [relax.Var(f"a{i}", relax.TensorType(shapes[i], dtypes[i])) for i in range(n_in)]
+    out_sinfo = [relax.TensorType(shapes[i], dtypes[i]) for i in range(n_in, len(params))]
+    with bb.function("main", args):
+        out = bb.emit(relax.call_tir(gv, args, out_sinfo if len(out_sinfo) > 1 else out_sinfo[0]))
+        bb.emit_func_output(out)
+    split = relax.transform.SplitLayoutRewritePreproc()(bb.get())
+    pre = [f for g, f in split.functions.items() if g.name_hint.endswith("_weight_prepack")]
+    comp = [f for g, f in split.functions.items() if g.name_hint.endswith("_prepacked")]
+    if len(pre) != 1 or len(comp) != 1:
+        return None
+    comp_shapes = [[int(d) for d in p.shape] for p in comp[0].params]
+    changed = [i for i, (a, b) in enumerate(zip(shapes, comp_shapes)) if a != b]
+    if len(changed) != 1 or changed[0] >= n_in or len(pre[0].params) != 2:
+        return None
+    return pre[0], comp[0], changed[0]
+
+
+def prepack_weights(program, target):
+    """A copy of ``program`` whose prepacking kernels read their weights already repacked (see the module)."""
+    from ..extract import Program  # noqa: F401 - the type this works on
+
+    uses: dict[int, list[tuple[str, int]]] = {}   # constant index -> [(kernel, parameter position)]
+    outputs_of: dict[str, int] = {}
+    for call in program.calls.values():
+        outputs_of[call.func_name] = len(call.outputs)
+        for pos, ref in enumerate(call.args):
+            if ref.kind == "const":
+                uses.setdefault(ref.index, []).append((call.func_name, pos))
+    candidates = {gv.name_hint: (gv, f) for gv, f in program.mod.functions.items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+                  and "tvm_interop.cpu_plan" in f.attrs and _has_prepack_block(f)}
+    if not candidates:
+        return program
+    mod = tvm.IRModule(dict(program.mod.functions), attrs=program.mod.attrs)
+    constants = list(program.constants)
+    exprs = list(program.const_exprs)
+    packed_kernels = 0
+    for name, (gv, func) in sorted(candidates.items()):
+        if name not in outputs_of:
+            continue
+        got = _split(name, func, outputs_of[name])
+        if got is None:
+            log.debug("prepack: %s not split by SplitLayoutRewritePreproc; kept as it is", name)
+            continue
+        pre, comp, pos = got
+        calls = [c for c in program.calls.values() if c.func_name == name]
+        refs = [c.args[pos] for c in calls]
+        if any(r.kind != "const" for r in refs):
+            log.info("prepack: %s takes a weight that is not a constant; it repacks at run time", name)
+            continue
+        if any(uses[r.index] != [(name, pos)] * len(uses[r.index]) or len(uses[r.index]) > 1 for r in refs):
+            log.info("prepack: a weight of %s has other uses; it repacks at run time", name)
+            continue
+        fn = tvm.tirx.build(tvm.IRModule({"main": pre.with_attr("global_symbol", "main")}), target=target)
+        out_buf = pre.params[1]
+        for r in refs:
+            src = tvm.runtime.tensor(np.ascontiguousarray(constants[r.index]))
+            dst = tvm.runtime.empty([int(d) for d in out_buf.shape], str(out_buf.dtype))
+            fn["main"](src, dst)
+            arr = dst.numpy()
+            constants[r.index] = arr
+            exprs[r.index] = relax.const(arr)
+        attrs = {k: v for k, v in func.attrs.items()} if func.attrs is not None else {}
+        attrs["tvm_interop.prepacked"] = True
+        mod[gv] = comp.with_attrs(attrs) if hasattr(comp, "with_attrs") else comp
+        packed_kernels += 1
+    if not packed_kernels:
+        return program
+    log.info("prepack: %d kernel(s) read weights repacked at build time", packed_kernels)
+    return dataclasses.replace(program, mod=mod, constants=constants, const_exprs=exprs)
