@@ -16,8 +16,8 @@ Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``)
     dense with a batch), with its injective prologue (padding) and epilogue (bias, batch-norm scale/shift,
     relu, ...). Chooses a vector axis ``v`` among the output axes: either the output's innermost axis when every
     input is contiguous (or invariant) along it, or an axis along which a *weight* is strided, that weight then
-    being repacked with ``v`` innermost (conv: OIHW -> O/16 I H W 16, a copy per call that costs well under 1%
-    of the conv). A second axis ``u`` that some ``v``-dependent input does not depend on (output width for conv
+    being repacked with ``v`` innermost (conv: OIHW -> O/16 I H W 16; the copy is marked as layout-rewrite
+    preprocessing, so a built library does it once per constant weight: ``passes.kernels.prepack``). A second axis ``u`` that some ``v``-dependent input does not depend on (output width for conv
     over channels) gives the register tile ``[u_t x v_t]``: each vector load of the weights feeds ``u_t`` FMAs and
     each broadcast of an input element feeds ``v_t / lanes`` FMAs. Loop order: outer tiles (the leading ones fused
     and parallel), the reduction loops, ``u_t`` (unrolled), ``v_t`` (vectorised). The accumulator tile lives in a
