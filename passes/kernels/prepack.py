@@ -85,10 +85,9 @@ def prepack_weights(program, target):
                   and "tvm_interop.cpu_plan" in f.attrs and _has_prepack_block(f)}
     if not candidates:
         return program
-    mod = tvm.IRModule(dict(program.mod.functions), attrs=program.mod.attrs)
     constants = list(program.constants)
     exprs = list(program.const_exprs)
-    packed_kernels = 0
+    packed: dict = {}
     for name, (gv, func) in sorted(candidates.items()):
         if name not in outputs_of:
             continue
@@ -116,9 +115,40 @@ def prepack_weights(program, target):
             exprs[r.index] = relax.const(arr)
         attrs = {k: v for k, v in func.attrs.items()} if func.attrs is not None else {}
         attrs["tvm_interop.prepacked"] = True
-        mod[gv] = comp.with_attrs(attrs) if hasattr(comp, "with_attrs") else comp
-        packed_kernels += 1
-    if not packed_kernels:
+        packed[name] = comp.with_attrs(attrs)
+    if not packed:
         return program
-    log.info("prepack: %d kernel(s) read weights repacked at build time", packed_kernels)
-    return dataclasses.replace(program, mod=mod, constants=constants, const_exprs=exprs)
+    log.info("prepack: %d kernel(s) read weights repacked at build time", len(packed))
+    return dataclasses.replace(program, mod=_rebuild(program.mod, packed, {
+        c: exprs[i] for i, c in enumerate(program.const_exprs) if exprs[i] is not c}),
+        constants=constants, const_exprs=exprs)
+
+
+def _rebuild(mod, packed: dict, replace: dict):
+    """``mod`` with each kernel of ``packed`` (name -> compute PrimFunc) in place of the old one, under the same
+    name and a GlobalVar typed for its new signature, and ``main`` calling it with the repacked constants of
+    ``replace`` (old constant -> new one). The stream lowering rebuilds its calls from ``main``'s bindings,
+    constants included, and matches constants by identity, so ``main`` holds the very objects of
+    ``const_exprs``."""
+    from ..lower_streams import _const_key
+
+    base = tvm.IRModule({g: f for g, f in mod.functions.items() if g.name_hint not in packed}, attrs=mod.attrs)
+    bb = relax.BlockBuilder(base)
+    new_gv = {name: bb.add_func(func, name) for name, func in packed.items()}
+    assert all(g.name_hint == n for n, g in new_gv.items()), "kernel renamed on insertion"
+    by_key = {_const_key(old): new for old, new in replace.items()}
+
+    @relax.expr_functor.mutator
+    class _Swap(relax.PyExprMutator):
+        def visit_generic_const_(self, op):  # noqa: N802 - TVM's visitor name
+            return by_key.get(_const_key(op), op)
+
+        def visit_global_var_(self, op):  # noqa: N802
+            return new_gv.get(op.name_hint, op)
+
+    out = bb.get()
+    main = out["main"]
+    body = _Swap().visit_expr(main.body)
+    func = relax.Function(list(main.params), body, main.ret_ty, main.is_pure)
+    out["main"] = func.with_attrs(dict(main.attrs)) if main.attrs else func
+    return out
