@@ -540,8 +540,12 @@ def _baseline_ms(func, target, device_type: str, timer=None) -> float | None:
     if func is None:
         return None
     try:
-        rt = build_candidate(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
-        args_info = ArgInfo.from_prim_func(func)
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        rt = build_candidate(mod, target)
+        # the build drops a weight-repack block (cpu_schedule marks it as MetaSchedule layout-rewrite
+        # preprocessing; a built library repacks once, passes.kernels.prepack): the kernel then takes the
+        # repacked weight, as a tuned candidate with a layout rewrite does
+        args_info = ArgInfo.from_entry_func(mod, remove_preproc=True)
         secs = timer(rt, args_info, target) if timer else measure_module(rt, args_info, device_type)
         return float(np.mean(secs)) * 1e3
     except Exception as err:  # noqa: BLE001 - a baseline is informative only
