@@ -189,27 +189,42 @@ def test_measured_schedule_and_guard_on_the_fleet(loopback, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ faults
-def test_server_killed_mid_job_loses_only_its_items(runtime_env, bundle, tmp_path):
-    """Two servers measure a bundle in small chunks; one is killed (with its session) after its first chunk.
-    The job still finishes with every stage, its in-flight chunk retried on the other server."""
+def _job_with_a_failing_server(env, bundle, fail, call_timeout: float, log_dir: str | None = None):
+    """Two servers measure ``bundle`` in small chunks; ``fail(lf, victim)`` is applied to one of them right after
+    its first chunk. Returns (the cost table, the victim, whether it failed, whether it is still alive, seconds).
+    The victim is killed at the end whatever ``fail`` did (SIGKILL also ends a stopped process)."""
     from tvm_interop.passes.fleet.bundle import measure_bundle_on_fleet
 
-    env, _ = runtime_env
-    with LoopbackFleet(env=env, log_dir=str(tmp_path / "logs")) as lf:
+    with LoopbackFleet(env=env, log_dir=log_dir) as lf:
         victim = lf.add_server("cpu")
         lf.add_server("cpu")
         lf.wait_for("cpu", 2)
-        killed = threading.Event()
+        failed = threading.Event()
 
         def progress(done, total, address):
-            if address == victim.address and not killed.is_set():
-                killed.set()
-                threading.Thread(target=lf.kill, args=(victim,), daemon=True).start()
+            if address == victim.address and not failed.is_set():
+                failed.set()
+                fail(lf, victim)
 
-        fleet = Fleet(lf.tracker, "cpu", FleetOptions(device_wait=5.0, call_timeout=60.0), progress=progress)
-        with fleet:
-            table = measure_bundle_on_fleet(bundle, fleet, repeat=60, warmup=1, chunk=2)
-        assert killed.is_set() and not victim.alive
+        try:
+            t0 = time.perf_counter()
+            opts = FleetOptions(device_wait=5.0, call_timeout=call_timeout)
+            with Fleet(lf.tracker, "cpu", opts, progress=progress) as fleet:
+                table = measure_bundle_on_fleet(bundle, fleet, repeat=60, warmup=1, chunk=2)
+            seconds = time.perf_counter() - t0
+            alive = victim.alive
+        finally:
+            lf.kill(victim)
+    return table, victim, failed.is_set(), alive, seconds
+
+
+def test_server_killed_mid_job_loses_only_its_items(runtime_env, bundle, tmp_path):
+    """Two servers measure a bundle in small chunks; one is killed (with its session) after its first chunk.
+    The job still finishes with every stage, its in-flight chunk retried on the other server."""
+    env, _ = runtime_env
+    kill = lambda lf, victim: threading.Thread(target=lf.kill, args=(victim,), daemon=True).start()  # noqa: E731
+    table, victim, killed, alive, _ = _job_with_a_failing_server(env, bundle, kill, 60.0, str(tmp_path / "logs"))
+    assert killed and not alive
     n = len(json.load(open(os.path.join(bundle, "bundle.json")))["stages"])
     assert [r["index"] for r in table["stages"]] == list(range(n))
     report = table["fleet"]
@@ -224,28 +239,10 @@ def test_a_wedged_server_costs_one_timeout(runtime_env, bundle, tmp_path):
     measurement timeout; the item is then measured on the other server and the job finishes."""
     import signal
 
-    from tvm_interop.passes.fleet.bundle import measure_bundle_on_fleet
-
     env, _ = runtime_env
-    with LoopbackFleet(env=env) as lf:
-        victim = lf.add_server("cpu")
-        lf.add_server("cpu")
-        lf.wait_for("cpu", 2)
-        stopped = threading.Event()
-
-        def progress(done, total, address):
-            if address == victim.address and not stopped.is_set():
-                stopped.set()
-                os.killpg(victim.proc.pid, signal.SIGSTOP)
-
-        try:
-            t0 = time.perf_counter()
-            with Fleet(lf.tracker, "cpu", FleetOptions(device_wait=5.0, call_timeout=3.0), progress=progress) as f:
-                table = measure_bundle_on_fleet(bundle, f, repeat=60, warmup=1, chunk=2)
-            seconds = time.perf_counter() - t0
-        finally:
-            lf.kill(victim)   # SIGKILL ends a stopped process too
-    assert stopped.is_set()
+    stop = lambda lf, victim: os.killpg(victim.proc.pid, signal.SIGSTOP)  # noqa: E731
+    table, victim, stopped, _, seconds = _job_with_a_failing_server(env, bundle, stop, 3.0)
+    assert stopped
     report = table["fleet"]
     assert [x["address"] for x in report["lost"]] == [victim.address], report
     assert "did not return within 3 s" in report["lost"][0]["why"] and report["failed"] == 0

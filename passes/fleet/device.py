@@ -72,19 +72,12 @@ class RemoteDevice:
         outlives ``timeout`` seconds, RemoteCallError when the function raised on the device."""
         if self.lost:
             raise DeviceLost(f"{self.address}: session already lost")
-        result: dict = {}
 
-        def target():
-            try:
-                fn = self.session.get_function(FUNC_PREFIX + name)
-                result["value"] = fn(*args)
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
-                result["error"] = err
+        def remote():
+            return self.session.get_function(FUNC_PREFIX + name)(*args)
 
-        th = threading.Thread(target=target, name=f"fleet-call-{name}", daemon=True)
-        th.start()
-        th.join(timeout)
-        if th.is_alive():
+        finished, result = _run_with_timeout(remote, timeout, f"fleet-call-{name}")
+        if not finished:
             self.lost = True
             raise DeviceLost(f"{self.address}: {name} did not return within {timeout:.0f} s")
         if "error" in result:
@@ -115,20 +108,10 @@ class RemoteDevice:
         name = f"{stem}-{_file_digest(path)}{ext}"
         with open(path, "rb") as f:
             data = bytearray(f.read())
-        result: dict = {}
-
-        def target():
-            try:
-                self.session.upload(data, name)
-            except BaseException as err:  # noqa: BLE001
-                result["error"] = err
-
-        th = threading.Thread(target=target, name="fleet-upload", daemon=True)
-        th.start()
-        th.join(timeout)
-        if th.is_alive() or "error" in result:
+        finished, result = _run_with_timeout(lambda: self.session.upload(data, name), timeout, "fleet-upload")
+        if not finished or "error" in result:
             self.lost = True
-            why = "timed out" if th.is_alive() else _first_line(result["error"])
+            why = "timed out" if not finished else _first_line(result["error"])
             raise DeviceLost(f"{self.address}: upload of {base} failed ({why})")
         self.uploaded[path] = name
         return name
@@ -139,6 +122,23 @@ class RemoteDevice:
         import gc
 
         gc.collect()
+
+
+def _run_with_timeout(fn, timeout: float | None, name: str) -> tuple[bool, dict]:
+    """Run ``fn`` on a daemon thread: ``(finished, {"value": ...} or {"error": ...})``. TVM's RPC client cannot
+    interrupt a call in flight, so a call that outlives ``timeout`` is abandoned (its thread stays blocked)."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = err
+
+    th = threading.Thread(target=target, name=name, daemon=True)
+    th.start()
+    th.join(timeout)
+    return not th.is_alive(), result
 
 
 def _first_line(err: BaseException) -> str:

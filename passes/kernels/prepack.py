@@ -101,7 +101,7 @@ def prepack_weights(program, target):
         if any(r.kind != "const" for r in refs):
             log.info("prepack: %s takes a weight that is not a constant; it repacks at run time", name)
             continue
-        if any(uses[r.index] != [(name, pos)] * len(uses[r.index]) or len(uses[r.index]) > 1 for r in refs):
+        if any(uses[r.index] != [(name, pos)] for r in refs):   # each weight used by this call only
             log.info("prepack: a weight of %s has other uses; it repacks at run time", name)
             continue
         fn = tvm.tirx.build(tvm.IRModule({"main": pre.with_attr("global_symbol", "main")}), target=target)
