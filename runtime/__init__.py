@@ -7,6 +7,10 @@ import os as _os
 # TVM pins every thread that starts a kernel thread pool to one core unless TVM_BIND_THREADS=0; the CPU
 # executor runs several such threads at once, which would then share one core. Set before any pool exists.
 _os.environ.setdefault("TVM_BIND_THREADS", "0")
+# TVM's pool would otherwise take half the hardware threads on x86, assuming SMT; one per physical core instead.
+from .cpu_threads import configure as _configure_threads  # noqa: E402
+
+_configure_threads()
 
 from .errors import (DeviceError, ExportError, GraphError, InputError, InteropError, ScheduleError,
                      ScheduleFileError, UnsupportedModelError)

@@ -333,10 +333,9 @@ class ThreadExecutor:
 
 
 def _usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+    from .cpu_threads import kernel_threads
+
+    return kernel_threads()
 
 
 def _to_numpy(out):

@@ -127,10 +127,9 @@ def vector_lanes(target=None, dtype_bits: int = 32) -> int:
 
 
 def _num_threads() -> int:
-    env = os.environ.get("TVM_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return os.cpu_count() or 1
+    from tvm_interop.runtime.cpu_threads import kernel_threads
+
+    return kernel_threads()
 
 
 # ----------------------------------------------------------------------------------------------- helpers
