@@ -127,7 +127,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
             tuning_db: str | None = None, candidates: bool | None = None,
-            cuda_arch: "str | list[str] | None" = None, fleet=None) -> CompiledModel:
+            cuda_arch: "str | list[str] | None" = None, fleet=None, fusion: str | None = None) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -169,7 +169,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     from tvm_interop.passes.merge import apply_merges, has_merges
     from tvm_interop.passes.schedule import Schedule
     from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.wave import apply_wave_fusion, wave_stages
 
+    if fusion not in FUSIONS:
+        raise InteropError(f"unknown fusion {fusion!r}; choose one of {', '.join(repr(f) for f in FUSIONS)}")
+    fusion = None if fusion == "none" else fusion
     timings: dict = {}
     t0 = time.perf_counter()
     kw = {"name": name} if name and not isinstance(model, str) else {}
@@ -265,17 +269,25 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         try:
             sched = search_schedule(program.graph, scheduler, cost, max_block_size=max_block_size,
                                     model_name=model_name, batch=batch_size, **opts)
-        finally:
+        except BaseException:
             if cost_model is not None:
                 cost_model.close()
+            raise
     memory = None
-    if max_memory_ratio is not None or mode == "dependency":
-        from tvm_interop.passes.memory_bound import bound_memory
+    try:
+        if max_memory_ratio is not None or mode == "dependency":
+            from tvm_interop.passes.memory_bound import bound_memory
 
-        bounded, mode, memory = bound_memory(program, sched, mode, max_memory_ratio)
-        if bounded is not sched:
-            bounded.search["memory_tightened_from"] = sched.max_concurrency()
-            sched = bounded
+            bounded, mode, memory = bound_memory(program, sched, mode, max_memory_ratio)
+            if bounded is not sched:
+                bounded.search["memory_tightened_from"] = sched.max_concurrency()
+                sched = bounded
+        if fusion == "wave":
+            sched = _choose_waves(sched, program, cost, cost_model, device_kind, target, target_text, cost_cache,
+                                  batch_size, fleet)
+    finally:
+        if cost_model is not None:
+            cost_model.close()
     # guard=False: ship what the scheduler found, unchecked; a fleet is there to measure on, so it guards
     predicted_guard = guard is None and not measured and fleet is None
     if guard is None:
@@ -294,6 +306,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         # what is saved, and it applies to the original model); the merged program and schedule are what's built
         base = base or program
         prog, run_s = apply_merges(base, s, target=target) if has_merges(s) else (base, s)
+        if wave_stages(s):   # wave fusion, like the merges, rewrites the program that is built
+            prog, run_s, _ = apply_wave_fusion(prog, run_s, target, stages=wave_stages(s))
+            s.options["waves"] = run_s.options.get("waves", [])
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
@@ -354,6 +369,32 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"])
+
+
+FUSIONS = (None, "none", "wave")
+
+
+def _choose_waves(sched, program, cost, cost_model, device_kind, target, target_text, cost_cache, batch_size, fleet):
+    """Price every fusable stage fused and as scheduled with the search's cost model (or, for a given schedule,
+    the cost spec / the target's default) and mark the stages to fuse (``passes.wave.choose``)."""
+    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.cost.registry import default_spec
+    from tvm_interop.passes.search import is_timed_cost, timed_cost_model
+    from tvm_interop.passes.wave import choose_wave_stages
+
+    if cost_model is not None or (cost is not None and not isinstance(cost, str)):
+        return choose_wave_stages(program.graph, sched, cost_model or cost)
+    spec = cost or default_spec(device_kind)
+    if is_timed_cost(spec):
+        model = timed_cost_model(program, target, spec, cache=cost_cache, batch=batch_size, fleet=fleet)
+        try:
+            return choose_wave_stages(program.graph, sched, model)
+        finally:
+            model.close()
+    model = get_cost_model(spec)
+    if hasattr(model, "check_target"):
+        model.check_target(target_text)
+    return choose_wave_stages(program.graph, sched, model)
 
 
 def _unless_predicted_slower(sched, graph, model_name: str, batch_size: int):

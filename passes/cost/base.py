@@ -2,7 +2,10 @@
 
 A cost model answers two questions, in seconds: how long one unit takes alone (``unit_latency``) and how long a
 stage takes (``stage_latency``): its groups started together, units inside a group one after another, until the
-last group ends. For a ``merge`` stage the groups are the operators replaced by one merged kernel.
+last group ends. For a ``merge`` stage the groups are the operators replaced by one merged kernel. For a ``wave``
+stage the groups are compiled into one kernel (``passes.wave``: one parallel region per wave of nests on a CPU,
+one launch per wave on a GPU); a model that cannot price that raises :class:`InteropError`, and the stage is
+then left unfused (``passes.wave.choose``).
 """
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ class LearnedCostModel(CostModel):
         groups = [g for g in groups if len(g)]
         if not groups:
             return 0.0
-        if strategy == "merge":
+        if strategy in ("merge", "wave"):   # one kernel (merged / fused): measured, never predicted
             return self.measured.stage_latency(groups, strategy)
         if len(groups) == 1:  # one worker runs the units back to back with all cores: their sum
             return float(sum(self.unit_latency(u) for u in groups[0]))

@@ -126,6 +126,8 @@ class MeasuredCostModel(CostModel):
     def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
         if strategy == "merge":
             return self._merge_latency([u for g in groups for u in g])
+        if strategy == "wave":
+            return self._wave_latency(groups)
         sig_groups = tuple(sorted(tuple(self._signature(u) for u in g) for g in groups))
         key = (strategy, sig_groups)
         if key in self._memo:
@@ -184,11 +186,66 @@ class MeasuredCostModel(CostModel):
         self._memo[key] = value
         return value
 
+    # ------------------------------------------------------------------ wave stages
+    def _wave_latency(self, groups: Sequence[Sequence[Unit]]) -> float:
+        """Time a stage as ``passes.wave`` fuses it: its groups built into one kernel (cached by the members'
+        signatures, like every stage), one call."""
+        from ..wave.kernel import build_wave_kernel
+
+        groups = [list(g) for g in groups if len(g)]
+        sig_groups = tuple(tuple(self._signature(u) for u in g) for g in groups)
+        key = ("wave", sig_groups)
+        if key in self._memo:
+            return self._memo[key]
+        cache_key = "wave|" + "|".join(",".join(g) for g in sig_groups) + f"|b{self.batch}"
+        value = self.cache.get(cache_key) if self.cache is not None else None
+        if value is not None:
+            self.cache_hits += 1
+        else:
+            import hashlib
+
+            kern = build_wave_kernel(self.program, [[u.name for u in g] for g in groups], self.target)
+            name = "wave_" + hashlib.sha1(cache_key.encode()).hexdigest()[:16]
+            compiled = tvm.compile(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}), self.target)
+            self._add_kernels(compiled, [name])
+            self.merged_builds += 1
+            info = {("in", k): self._ref_info(r) for k, r in enumerate(kern.signature.inputs)}
+            args = tuple(info[("in", k)] for k in range(len(kern.signature.inputs)))
+            outs = tuple((tuple(self.program.calls[u].outputs[i].shape), self.program.calls[u].outputs[i].dtype)
+                         for u, i in kern.signature.outputs)
+            value = self._timer_ready().time_stage([[KernelCall(name, args, outs)]])
+            if self.cache is not None:
+                self.cache.put(cache_key, value)
+            self._report_progress()
+        self._memo[key] = value
+        return value
+
+    def _ref_info(self, ref) -> tuple:
+        """(shape, dtype) of a kernel argument of the program."""
+        from ..extract import _ref_info
+
+        info = _ref_info(ref, self.program.input_infos, self.program.constants, self.program.calls)
+        return (tuple(info.shape), info.dtype)
+
+    def _add_kernels(self, compiled, names: list[str]) -> None:
+        """Make ``names`` of ``compiled`` callable by the stage timer (here, or on the fleet's devices)."""
+        from tvm_interop.runtime.model import kernel_library, lookup_kernel
+
+        timer = self._timer_ready()
+        if self.fleet is not None:
+            timer.add_library(compiled)
+            return
+        lib = kernel_library(compiled)
+        for name in names:
+            fn = lookup_kernel(lib, name)
+            if fn is None:  # pragma: no cover - compile exports every kernel under its name
+                raise RuntimeError(f"kernel {name} missing from its library")
+            self._merged_kernels[name] = fn
+        self._merged_libs.append(lib)  # keep the modules alive
+
     def _merged_chain(self, units: Sequence[Unit]) -> list[KernelCall]:
         """The kernel calls of one merged subset (merged conv, split), building and caching its kernels."""
         import hashlib
-
-        from tvm_interop.runtime.model import kernel_library, lookup_kernel
 
         from ..merge import build_merged_kernel
 
@@ -197,17 +254,7 @@ class MeasuredCostModel(CostModel):
         if mkey not in self._merged_calls:
             suffix = "m" + hashlib.sha1("|".join(mkey).encode()).hexdigest()[:12]
             kern = build_merged_kernel(self.program, [u.name for u in units], suffix=suffix, target=self.target)
-            compiled = kern.compile(self.target)
-            if self.fleet is not None:   # the devices load the merged kernels beside the model's
-                self._timer_ready().add_library(compiled)
-            else:
-                lib = kernel_library(compiled)
-                for name in kern.funcs:
-                    fn = lookup_kernel(lib, name)
-                    if fn is None:  # pragma: no cover - compile exports every kernel under its name
-                        raise RuntimeError(f"merged kernel {name} missing from its library")
-                    self._merged_kernels[name] = fn
-                self._merged_libs.append(lib)  # keep the modules alive
+            self._add_kernels(kern.compile(self.target), list(kern.funcs))   # the fleet's devices load them too
             self.merged_builds += 1
             self._merged_calls[mkey] = [KernelCall(f, tuple((tuple(s), d) for s, d in args),
                                                    tuple((tuple(s), d) for s, d in outs))

@@ -53,6 +53,10 @@ the shared input read once (``bytes = sum bytes_i - (k - 1) * input bytes``), a 
 with different kernel sizes are zero-padded to the largest one when lowered (``passes.merge``), so each one's
 FLOPs are scaled by ``largest kernel area / its kernel area`` (a 1x1 merged with a 3x3 does 9x its work).
 
+Wave stage (``strategy="wave"``, Rammer's wave fusion, ``passes.wave``): the groups' ``k``-th kernels share one
+launch per wave, a barrier between waves, no stage sync: ``sum over waves of (launch + max(slowest kernel of the
+wave, sum of its compute areas, sum of its memory areas))``.
+
 Presets (``PRESETS``; "sustained" = datasheet x an efficiency a tuned TVM kernel plausibly reaches):
 
 * ``h100``: H100 SXM5: 132 SMs x 2048 threads; FP32 (no tensor cores) 66.9 TFLOP/s x 0.6; HBM3 3.35 TB/s x 0.8.
@@ -182,6 +186,8 @@ class SimulatedDevice(CostModel):
             if len(units) == 1:
                 return self.unit_latency(units[0])
             return self.spec.launch + self.merged_kernel(units)[0]
+        if strategy == "wave":
+            return self.wave_latency([[self._unit_kernel(u) for u in g] for g in groups])
         if strategy != "concurrent":
             raise InteropError(f"unknown stage strategy {strategy!r}")
         return self.stage_latency_tokens(tuple(tuple(self._unit_kernel(u) for u in g) for g in groups))
@@ -214,6 +220,20 @@ class SimulatedDevice(CostModel):
         if len(self._stages) > 500_000:
             self._stages.clear()
         self._stages[key] = t
+        return t
+
+    def wave_latency(self, groups: Sequence[Sequence[_Kernel]]) -> float:
+        """A wave-fused stage: wave ``k`` runs the ``k``-th kernel of every group in one launch, sharing the
+        device (no kernel faster than alone, no more than all compute units and bandwidth), and ends together
+        (a barrier); no stage sync or extra streams. Costs ``sum over waves of (launch + max(slowest kernel,
+        sum of compute areas, sum of memory areas))``."""
+        t = 0.0
+        for w in range(max(len(g) for g in groups)):
+            ks = [g[w] for g in groups if w < len(g)]
+            slowest = max(k[0] for k in ks)
+            ca = sum(k[1] * k[0] for k in ks)
+            ma = sum(k[2] * k[0] for k in ks)
+            t += self.spec.launch + max(slowest, ca, ma)
         return t
 
     def unit_bound_terms(self, unit: Unit) -> tuple[float, float]:

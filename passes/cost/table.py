@@ -112,6 +112,9 @@ class TableCostModel(CostModel):
         if lat is not None:
             self.hits += 1
             return lat
+        if strategy == "wave":   # a fused kernel's time cannot be composed from its members'
+            raise InteropError(f"the cost table {self.path} has no measurement of the fused stage {names}; build the "
+                               "profiling bundle with --wave-fusion")
         if len(groups) == 1 and len(groups[0]) == 1:
             return self.unit_latency(groups[0][0])
         self.misses += 1

@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
+    p.add_argument("--wave-fusion", action="store_true",
+                   help="compile each concurrent stage that the cost model prices faster fused into one kernel "
+                        "(Rammer's wave fusion: one parallel region per wave on a CPU, one launch on a GPU)")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
@@ -39,6 +42,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _wave_summary(s) -> dict | None:
+    """What wave fusion did: stages priced, fused (as built), groups that could not join (see the schedule file)."""
+    wf = s.options.get("wave_fusion")
+    if not wf:
+        return None
+    built = s.options.get("waves", [])
+    return {"fusable": len(wf.get("decisions", [])), "chosen": len(wf.get("stages", [])),
+            "fused": sum(1 for r in built if r.get("fused")), "cost": wf.get("cost"),
+            "left_unfused": sum(len(r.get("left", [])) for r in built if r.get("fused"))}
+
+
 def run(args) -> int:
     import tvm_interop
 
@@ -48,7 +62,8 @@ def run(args) -> int:
                                  schedule=args.schedule, mode=args.mode, batch_size=args.batch,
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
-                                 guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet)
+                                 guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
+                                 fusion="wave" if args.wave_fusion else None)
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
@@ -68,6 +83,7 @@ def run(args) -> int:
         "candidates": [c["name"] for c in cm.plan.meta.get("candidates", [])],
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
         "fleet": fleet_report,
+        "wave_fusion": _wave_summary(s),
     }
     if args.json:
         print_json(summary)
@@ -83,6 +99,10 @@ def run(args) -> int:
             print(f"shipped: {s.scheduler}{rejected}: {summary['shipped_because']}")
         if fleet_report is not None:
             print(fleet_line(fleet_report))
+        if summary["wave_fusion"] is not None:
+            wf = summary["wave_fusion"]
+            print(f"wave fusion: {wf['fused']} of {wf['fusable']} concurrent stage(s) fused into one kernel each "
+                  f"(priced by {wf['cost']}); {wf['left_unfused']} group(s) left beside their fused kernel")
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB")
         print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "

@@ -1,0 +1,247 @@
+"""Apply wave fusion to a scheduled program: each chosen stage's groups become one kernel call.
+
+Like the operator merge (``passes.merge``), this rewrites the program the build compiles, not the schedule the
+user saves: the schedule keeps its stages (and ``options["wave_fusion"]`` which ones to fuse), and
+:func:`apply_wave_fusion` turns (program, schedule) into the program and schedule that are lowered and built.
+A stage whose groups cannot all share a kernel fuses the ones that can (at least two) and keeps the others
+as concurrent groups beside the fused call; a stage where fewer than two can is left as it is. Every such
+decision is recorded with its reason in ``schedule.options["waves"]`` and logged: never a failed build.
+
+In ``main`` the fused call takes the place of its units; each unit's variable is re-bound to its item of the
+fused call's result, so consumers and the model output read the same variables as before. The bindings are
+then re-ordered topologically (a fused call needs the inputs of all its members, which the original order may
+place after one member's consumers).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+import tvm
+from tvm import relax
+
+from tvm_interop.runtime.errors import InteropError
+
+from ..schedule import CONCURRENT, Schedule, Stage
+from .kernel import WaveKernel, build_wave_kernel
+from .lowered import NotFusable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WaveRecord:
+    """What happened to one stage."""
+
+    stage: int
+    fused: list[list[str]] = field(default_factory=list)   # groups in the fused kernel (original unit names)
+    left: list[list[str]] = field(default_factory=list)    # groups that run beside it
+    reasons: list[str] = field(default_factory=list)
+    unit: str = ""                                         # the fused unit's name in the new program
+    num_waves: int = 0
+
+    def to_json(self) -> dict:
+        return {"stage": self.stage, "fused": self.fused, "left": self.left, "reasons": self.reasons,
+                "unit": self.unit, "waves": self.num_waves}
+
+
+def fusable_stages(schedule: Schedule) -> list[int]:
+    """Stages that could be fused: concurrent, with at least two groups."""
+    return [i for i, s in enumerate(schedule.stages) if s.strategy == CONCURRENT and len(s.groups) >= 2]
+
+
+def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None = None
+                    ) -> tuple[WaveKernel | None, WaveRecord]:
+    """The kernel for the groups of one stage that can share it, and the record of what was decided."""
+    from .kernel import lower_unit
+
+    rec = WaveRecord(stage=-1)
+    ok, lowered = [], {}
+    for g in groups:
+        try:
+            lowered.update({u: lower_unit(program, u, target) for u in g})
+            ok.append(g)
+        except NotFusable as why:
+            rec.left.append(list(g))
+            rec.reasons.append(str(why))
+    if len(ok) < 2:
+        rec.left = [list(g) for g in groups]
+        rec.reasons.append(f"{len(ok)} group(s) can share a kernel; at least two are needed")
+        return None, rec
+    try:
+        kernel = build_wave_kernel(program, ok, target, veus, lowered)
+    except NotFusable as why:
+        rec.left = [list(g) for g in groups]
+        rec.reasons.append(str(why))
+        return None, rec
+    rec.fused = [list(g) for g in ok]
+    rec.num_waves = kernel.num_waves
+    return kernel, rec
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def _topological(bindings: list, first: dict) -> list:
+    """``bindings`` re-ordered so that every variable is bound before it is used; ties keep ``first`` order."""
+    import heapq
+
+    bound_by = {b.var: i for i, b in enumerate(bindings)}
+    deps = []
+    for b in bindings:
+        used = relax.analysis.free_vars(b.value)
+        deps.append({bound_by[v] for v in used if v in bound_by})
+    users: dict = {i: [] for i in range(len(bindings))}
+    indeg = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    ready = [(first[i], i) for i, n in enumerate(indeg) if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(bindings[i])
+        for k in users[i]:
+            indeg[k] -= 1
+            if indeg[k] == 0:
+                heapq.heappush(ready, (first[k], k))
+    if len(out) != len(bindings):  # pragma: no cover - a fused stage's members never depend on each other
+        raise InteropError("wave fusion made a cycle in main (a stage whose groups depend on each other)")
+    return out
+
+
+def splice_waves(program, kernels: list[WaveKernel]) -> tuple[tvm.IRModule, list[str]]:
+    """``program.mod`` with each kernel's units replaced by one call of it; returns (module, fused var names)."""
+    mod = program.mod
+    main = mod["main"]
+    taken = {p.name for p in main.params} | set(program.graph.index)
+    for block in main.body.blocks:
+        taken.update(b.var.name for b in block.bindings)
+    bb = relax.BlockBuilder(mod)
+    var_of = {n: uc.binding_var for n, uc in program.calls.items()}
+    value_of = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    block_of = {b.var: bi for bi, block in enumerate(main.body.blocks) for b in block.bindings}
+    names = []
+    replacement: dict = {}   # block index -> [(position key, [bindings])]
+    gone: set = set()
+    for k, kern in enumerate(kernels):
+        sig = kern.signature
+        unit_vars = [var_of[u] for u in sig.units]
+        blocks = {block_of[v] for v in unit_vars}
+        if len(blocks) != 1:
+            raise NotFusable("the stage's units are in different binding blocks of main")
+        (bi,) = blocks
+        dataflow = isinstance(main.body.blocks[bi], relax.DataflowBlock)
+        gv = bb.add_func(kern.func, f"wave_{sig.units[0]}")
+        args = []
+        for ref in sig.inputs:   # the expression the first reader passes (same object: constants match by identity)
+            for u in sig.units:
+                call = program.calls[u]
+                if ref in call.args:
+                    args.append(value_of[var_of[u]].args[1].fields[call.args.index(ref)])
+                    break
+        out_sinfo = [relax.TensorType(list(program.calls[u].outputs[i].shape), program.calls[u].outputs[i].dtype)
+                     for u, i in sig.outputs]
+        var_cls = relax.DataflowVar if dataflow else relax.Var
+        name = _unique(f"wave{k}_{sig.units[0]}", taken)
+        call = bb.normalize(relax.call_tir(gv, args, out_sinfo))
+        fused_var = var_cls(name, call.ty if hasattr(call, "ty") else None)
+        new = [relax.VarBinding(fused_var, call)]
+        for u in sig.units:
+            idx = [j for j, (uu, _) in enumerate(sig.outputs) if uu == u]
+            var = var_of[u]
+            items = [relax.TupleGetItem(fused_var, j) for j in idx]
+            value = items[0] if not isinstance(var.ty, relax.TupleType) else relax.Tuple(items)
+            new.append(relax.VarBinding(var, bb.normalize(value)))
+            gone.add(var)
+        replacement.setdefault(bi, []).append((unit_vars, new))
+        names.append(name)
+    new_blocks = []
+    for bi, block in enumerate(main.body.blocks):
+        kept = [b for b in block.bindings if b.var not in gone]
+        first = {}
+        order = {b.var: i for i, b in enumerate(block.bindings)}
+        bindings = list(kept)
+        for i, b in enumerate(kept):
+            first[i] = order[b.var]
+        for unit_vars, new in replacement.get(bi, []):
+            at = min(order[v] for v in unit_vars)
+            for b in new:
+                first[len(bindings)] = at
+                bindings.append(b)
+        new_blocks.append(type(block)(_topological(bindings, first)))
+    new_main = relax.Function(main.params, relax.SeqExpr(new_blocks, main.body.body), main.ret_ty, main.is_pure,
+                              main.attrs)
+    out = tvm.IRModule(dict(bb.get().functions), attrs=mod.attrs)
+    out["main"] = new_main
+    return relax.transform.Normalize()(out), names
+
+
+def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | None = None,
+                      veus: int | None = None):
+    """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``).
+
+    Returns ``(new_program, new_schedule, records)``. CPU targets first get their weights repacked at build
+    time (``passes.kernels.prepack``), so the fused kernels read repacked weights like the unfused ones.
+    """
+    from ..extract import extract
+    from ..target import normalize_target
+
+    target = normalize_target(target)
+    schedule.validate(program.graph)
+    if target.kind.name == "llvm":
+        from ..kernels.prepack import prepack_weights
+
+        packed = prepack_weights(program, target)
+        if packed is not program:
+            program = extract(packed.mod, name=program.graph.name)
+    chosen = fusable_stages(schedule) if stages is None else list(stages)
+    kernels, records = [], []
+    for si in chosen:
+        st = schedule.stages[si]
+        if st.strategy != CONCURRENT or len(st.groups) < 2:
+            records.append(WaveRecord(si, left=st.groups, reasons=["not a concurrent stage of two or more groups"]))
+            continue
+        kernel, rec = plan_wave_stage(program, st.groups, target, veus)
+        rec.stage = si
+        records.append(rec)
+        if kernel is not None:
+            kernels.append(kernel)
+        for r in rec.reasons:
+            log.info("wave fusion, stage %d: %s", si, r)
+    fused_records = [r for r in records if r.fused]
+    if not kernels:
+        out = replace(schedule, options=dict(schedule.options), search=dict(schedule.search))
+        out.options["waves"] = [r.to_json() for r in records]
+        return program, out, records
+    new_mod, names = splice_waves(program, kernels)
+    new_program = extract(new_mod, name=program.graph.name)
+    by_var = {uc.binding_var: n for n, uc in new_program.calls.items()}
+    rename = {n: by_var[uc.binding_var] for n, uc in program.calls.items() if uc.binding_var in by_var}
+    for rec, name in zip(fused_records, names):
+        rec.unit = next(n for n, uc in new_program.calls.items() if uc.binding_var.name == name)
+    fused_at = {r.stage: r for r in fused_records}
+    stages_out = []
+    for si, st in enumerate(schedule.stages):
+        rec = fused_at.get(si)
+        if rec is None:
+            stages_out.append(Stage([[rename[u] for u in g] for g in st.groups], st.strategy, st.predicted_latency,
+                                    st.measured_latency))
+        else:
+            groups = [[rec.unit]] + [[rename[u] for u in g] for g in rec.left]
+            stages_out.append(Stage(groups, CONCURRENT, st.predicted_latency, st.measured_latency))
+    out = replace(schedule, stages=stages_out, graph_fingerprint=new_program.graph.fingerprint(),
+                  units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in new_program.graph.units],
+                  unit_devices={rename.get(k, k): v for k, v in schedule.unit_devices.items() if k in rename},
+                  options=dict(schedule.options), search=dict(schedule.search))
+    out.options["waves"] = [r.to_json() for r in records]
+    out.validate(new_program.graph)
+    log.info("wave fusion: %d of %d stage(s) fused into one kernel each", len(fused_records), len(chosen))
+    return new_program, out, records

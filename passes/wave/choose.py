@@ -1,0 +1,57 @@
+"""Which stages to fuse: those where the cost model prices the fused kernel below the stage as scheduled.
+
+Why per stage and by the cost model: a fused stage saves the thread hand-offs (CPU) or launches and fork/join
+events (GPU) of its groups, but puts a barrier after every wave, so a stage of unequal chains can lose. The
+scheduler's own cost model prices both forms (``strategy="wave"``, see ``passes.cost``); a model that cannot
+price a fused stage (a cost table measured without fused stages) leaves it unfused, and says so.
+"""
+from __future__ import annotations
+
+import logging
+
+from tvm_interop.runtime.errors import InteropError
+
+from ..schedule import Schedule
+from .apply import fusable_stages
+from .lowered import NotFusable
+
+log = logging.getLogger(__name__)
+
+
+def choose_wave_stages(graph, schedule: Schedule, cost) -> Schedule:
+    """``schedule`` with ``options["wave_fusion"]`` naming the stages to fuse and why, and its predicted
+    latency lowered by what the fused stages save (a copy of nothing: the schedule is updated in place)."""
+    decisions, chosen, saved = [], [], 0.0
+    for si in fusable_stages(schedule):
+        st = schedule.stages[si]
+        groups = [[graph.unit(u) for u in g] for g in st.groups]
+        entry = {"stage": si}
+        try:
+            fused = cost.stage_latency(groups, "wave")
+            plain = cost.stage_latency(groups, st.strategy)
+        except (InteropError, NotFusable, NotImplementedError) as why:
+            entry["reason"] = f"not priced: {why}"
+            decisions.append(entry)
+            continue
+        entry.update(fused_s=fused, scheduled_s=plain)
+        if fused < plain:
+            chosen.append(si)
+            saved += plain - fused
+            entry["reason"] = f"fused {fused * 1e6:.1f} us < {plain * 1e6:.1f} us as scheduled"
+        else:
+            entry["reason"] = f"fused {fused * 1e6:.1f} us >= {plain * 1e6:.1f} us as scheduled"
+        decisions.append(entry)
+    schedule.options["wave_fusion"] = {"stages": chosen, "decisions": decisions,
+                                       "cost": getattr(cost, "name", type(cost).__name__)}
+    if schedule.predicted_latency is not None and chosen:
+        schedule.search["predicted_before_wave_fusion"] = schedule.predicted_latency
+        schedule.predicted_latency = max(0.0, schedule.predicted_latency - saved)
+    log.info("wave fusion: %d of %d fusable stage(s) priced faster fused under %s", len(chosen),
+             len(decisions), schedule.options["wave_fusion"]["cost"])
+    return schedule
+
+
+def wave_stages(schedule: Schedule) -> list[int] | None:
+    """The stages :func:`choose_wave_stages` chose, or None when wave fusion was not asked for."""
+    wf = schedule.options.get("wave_fusion")
+    return None if not wf else list(wf.get("stages", []))

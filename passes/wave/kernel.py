@@ -1,0 +1,132 @@
+"""The fused kernel of one wave stage: its signature in the program and its PrimFunc.
+
+A stage's groups (each a chain of units run in order) become one kernel: its parameters are the stage's
+external inputs (each tensor once, however many members read it) followed by every member unit's outputs, in
+group order. A unit that reads another member's output (the next unit of a chain) reads that output parameter
+directly, so a chain's intermediate results never leave the kernel's arguments. Every member parameter is
+re-declared as a view of the fused parameter it stands for; the members' bodies are not rewritten at all.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import tirx
+from tvm.tirx import stmt as S
+
+from tvm_interop.runtime.plan import Ref
+
+from .lowered import LoweredKernel, NotFusable, lower, split_cpu
+
+WAVE_ATTR = "tvm_interop.wave"
+
+
+@dataclass
+class WaveSignature:
+    """How the fused kernel is called: ``inputs`` (external, in parameter order) then ``outputs`` (unit, index)."""
+
+    groups: list[list[str]]
+    inputs: list[Ref] = field(default_factory=list)
+    outputs: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def units(self) -> list[str]:
+        return [u for g in self.groups for u in g]
+
+
+def wave_signature(program, groups: list[list[str]]) -> WaveSignature:
+    sig = WaveSignature([list(g) for g in groups])
+    members = set(sig.units)
+    for u in sig.units:
+        for ref in program.calls[u].args:
+            if ref.kind == "tuple":
+                raise NotFusable(f"{u}: a tuple argument")
+            if ref.kind == "unit" and ref.unit in members:
+                continue
+            if ref not in sig.inputs:
+                sig.inputs.append(ref)
+        sig.outputs.extend((u, i) for i in range(len(program.calls[u].outputs)))
+    return sig
+
+
+@dataclass
+class WaveKernel:
+    """A built wave: the PrimFunc, its signature, and how many waves (barriers) it has."""
+
+    func: tirx.PrimFunc
+    signature: WaveSignature
+    num_waves: int
+    target_kind: str
+
+
+def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
+    """The unit's kernel, scheduled as the build would schedule it, lowered and split into nests."""
+    func = program.mod[program.calls[unit].func_name]
+    if target.kind.name == "cuda":
+        from .cuda import split_cuda, schedule_for_cuda
+
+        return split_cuda(unit, lower(schedule_for_cuda(func, target), target))
+    if target.kind.name != "llvm":
+        raise NotFusable(f"wave fusion supports CPU (llvm) and CUDA targets, not {target.kind.name}")
+    return split_cpu(unit, lower(func, target))
+
+
+def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Target,
+                      veus: int | None = None, lowered: dict | None = None) -> WaveKernel:
+    """Fuse ``groups`` (one stage's, each a chain of units) into one kernel; :class:`NotFusable` if a member
+    cannot share it. ``lowered``: units already lowered by :func:`lower_unit` (the others are lowered here)."""
+    sig = wave_signature(program, groups)
+    lowered = lowered or {}
+    kernels = {u: lowered[u] if u in lowered else lower_unit(program, u, target) for u in sig.units}
+    fused_param: dict = {}
+    params: list = []
+
+    def new_param(key, like, name: str):
+        buf = tirx.decl_buffer(like.shape, like.dtype, name=name)
+        fused_param[key] = buf
+        params.append(buf)
+
+    # parameters: inputs first, then outputs (the order call_tir passes them)
+    first_use: dict = {}
+    for u in sig.units:
+        for pos, ref in enumerate(program.calls[u].args):
+            first_use.setdefault(ref, kernels[u].params[pos])
+    for k, ref in enumerate(sig.inputs):
+        new_param(("in", ref), first_use[ref], f"wave_in{k}")
+    for u, i in sig.outputs:
+        n_in = len(program.calls[u].args)
+        new_param(("out", u, i), kernels[u].params[n_in + i], f"{u}_out{i}")
+    prologue = []
+    members = set(sig.units)
+    for u in sig.units:
+        call, kern = program.calls[u], kernels[u]
+        if len(kern.params) != len(call.args) + len(call.outputs):
+            raise NotFusable(f"{u}: the kernel takes {len(kern.params)} parameters, the call passes "
+                             f"{len(call.args) + len(call.outputs)}")
+        for pos, p in enumerate(kern.params):
+            if pos < len(call.args):
+                ref = call.args[pos]
+                key = ("out", ref.unit, ref.index) if ref.kind == "unit" and ref.unit in members else ("in", ref)
+            else:
+                key = ("out", u, pos - len(call.args))
+            target_buf = fused_param[key]
+            if [int(d) for d in p.shape] != [int(d) for d in target_buf.shape] or str(p.dtype) != str(target_buf.dtype):
+                raise NotFusable(f"{u}: parameter {pos} does not match the tensor passed to it")
+            prologue.append(S.DeclBuffer(p, data=target_buf.data))
+    chains = [[kernels[u] for u in g] for g in sig.groups]
+    first = kernels[sig.units[0]].func
+    attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}
+    attrs.update({"tirx.is_scheduled": True, "tirx.noalias": True,
+                  WAVE_ATTR: json.dumps({"groups": sig.groups, "target": target.kind.name})})
+    if target.kind.name == "cuda":
+        from .cuda import fuse_cuda
+
+        func, waves = fuse_cuda(chains, prologue, params, attrs, target)
+    else:
+        from tvm_interop.runtime.cpu_threads import kernel_threads
+
+        from .cpu import fuse_cpu
+
+        func, waves = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
+    return WaveKernel(func, sig, waves, target.kind.name)
