@@ -1,0 +1,229 @@
+"""Wave fusion (Rammer): a stage's groups compiled into one kernel must compute exactly what the unfused program
+computes, on every zoo model and on random models; the work partition must cover every iteration once and
+balance the units; members that cannot join are left beside the fused kernel with their reason."""
+import json
+import random
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+import tvm_interop
+from tvm_interop.api import prepare_program
+from tvm_interop.fuzz import random_input, random_model
+from tvm_interop.models import get_model, list_models, small_config
+from tvm_interop.passes.build import build_library
+from tvm_interop.passes.lower import make_plan
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.passes.target import normalize_target
+from tvm_interop.passes.wave import NotFusable, apply_wave_fusion, fusable_stages
+from tvm_interop.passes.wave import partition as P
+from tvm_interop.passes.wave.kernel import WAVE_ATTR
+from tvm_interop.passes.wave.lowered import split_cpu
+from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.model import ScheduledModel
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+HOST = normalize_target("llvm")
+
+
+def _input(mod, seed=7):
+    shape = tuple(int(d) for d in mod["main"].params[0].ty.shape.values)
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def _run(program, schedule, x, executor="threads"):
+    plan = make_plan(program, schedule)
+    model = ScheduledModel(build_library(program, schedule, plan, HOST), executor=executor)
+    try:
+        return model.run(x)
+    finally:
+        model.close()
+
+
+# ------------------------------------------------------------------------------------------- partition
+@pytest.mark.parametrize("seed", range(40))
+def test_cpu_partition_covers_every_iteration_once_and_balances(seed):
+    rng = random.Random(seed)
+    veus = rng.randint(1, 9)
+    parallel = [(rng.randint(1, 40), rng.randint(1, 500)) for _ in range(rng.randint(0, 5))]
+    serial = [rng.randint(1, 20000) for _ in range(rng.randint(0 if parallel else 1, 5))]
+    plan = P.plan_wave(parallel, serial, veus)
+    assert len(plan.bounds) == veus + 1 and plan.bounds[0] == 0 and plan.bounds == sorted(plan.bounds)
+    for share in plan.shares:
+        owned = []
+        for t in range(veus):
+            lo, hi = P.share_range(share, plan.bounds[t], plan.bounds[t + 1])
+            assert 0 <= lo <= hi <= share.n
+            owned.extend(range(lo, hi))
+        assert owned == list(range(share.n))          # contiguous per unit, each iteration exactly once
+    assert all(0 <= t < veus for t in plan.owners)
+    loads = P.unit_loads(plan, serial)
+    assert sum(loads) == sum(n * w for n, w in parallel) + sum(serial)
+    # no unit above the ideal level by more than one iteration (or than the largest serial nest, which is whole)
+    ideal = max(sum(loads) / veus, max(serial, default=0))
+    assert max(loads) <= ideal + max((w for _, w in parallel), default=0) + 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_block_partition_maps_each_block_to_one_member(seed):
+    rng = random.Random(seed)
+    grids = [rng.randint(1, 300) for _ in range(rng.randint(1, 6))]
+    offsets, total = P.block_offsets(grids)
+    seen = {m: [] for m in range(len(grids))}
+    for b in range(total):
+        m, local = P.owner_of_block(offsets, grids, b)
+        seen[m].append(local)
+    assert all(seen[m] == list(range(g)) for m, g in enumerate(grids))
+    dims = (rng.randint(1, 7), rng.randint(1, 5), rng.randint(1, 3))
+    n = dims[0] * dims[1] * dims[2]
+    assert len({P.unflatten(i, dims) for i in range(n)}) == n
+
+
+# ------------------------------------------------------------------------------------------- numerics
+@pytest.fixture(scope="module", params=list_models())
+def zoo_program(request):
+    name = request.param
+    cfg = small_config(name)
+    if name == "randwire":   # at its smallest depth the random wiring is a chain: nothing runs concurrently
+        cfg.pop("depth", None)
+    mod = get_model(name, **cfg)
+    x = _input(mod)
+    program = prepare_program(mod, HOST, name=name)
+    return name, mod, program, x, tvm_interop.run_reference(mod, [x])
+
+
+@pytest.mark.parametrize("scheduler", ["greedy", "lios"])
+def test_every_zoo_model_fused_equals_unfused_and_plain_tvm(zoo_program, scheduler):
+    """Every fusable stage fused (no cost model in the way): greedy gives wide stages of single units, lios
+    chains; the fused program equals plain TVM (which the unfused program equals: test_zoo_pipeline)."""
+    name, _, program, x, ref = zoo_program
+    sched = schedule_graph(program.graph, scheduler, "sim:cpu", model_name=name)
+    stages = fusable_stages(sched)
+    if not stages:
+        pytest.skip(f"{scheduler} found no concurrent stage in {name}")
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST)
+    assert [r.stage for r in records] == stages
+    fused = [r for r in records if r.fused]
+    assert fused, f"{name}: no stage fused: {[r.reasons for r in records]}"
+    waves = [f for f in fused_prog.mod.functions.values()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and WAVE_ATTR in f.attrs]
+    assert len(waves) == len(fused)
+    assert len(fused_prog.graph) < len(program.graph)
+    np.testing.assert_allclose(_run(fused_prog, fused_sched, x), ref, **TOL, err_msg=f"{name}: fused vs plain TVM")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_models_with_wave_fusion_equal_plain_tvm(seed):
+    mod, desc = random_model(seed)
+    x = random_input(mod, seed)
+    ref = tvm_interop.run_reference(mod, [x])
+    program = prepare_program(mod, HOST, name=f"fuzz{seed}")
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    fused_prog, fused_sched, _ = apply_wave_fusion(program, sched, HOST)
+    for executor in ("threads", "vm"):
+        out = _run(fused_prog, fused_sched, x, executor)
+        outs, refs = (out, ref) if isinstance(ref, list) else ([out], [ref])
+        for o, r in zip(outs, refs):
+            np.testing.assert_allclose(o, r, **TOL, err_msg=f"seed {seed} ({desc}) {executor}")
+
+
+# ------------------------------------------------------------------------------------------- refusals
+def test_nested_parallel_loops_are_refused_with_the_reason():
+    @T.prim_func
+    def nested(A: T.Buffer((4, 4), "float32")):
+        for i in range(4):
+            for j in T.parallel(4):
+                A[i, j] = A[i, j] + T.float32(1)
+
+    with pytest.raises(NotFusable, match="parallel loop below the top level"):
+        split_cpu("nested", nested)
+
+
+def test_a_member_that_cannot_join_stays_beside_the_fused_kernel(branchy_model, branchy_input, branchy_reference,
+                                                                   monkeypatch):
+    import tvm_interop.passes.wave.kernel as kernel
+
+    program = prepare_program(branchy_model, HOST, name="branchy")
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    si = max(fusable_stages(sched), key=lambda i: len(sched.stages[i].groups))
+    refused = sched.stages[si].groups[0][0]
+    real = kernel.lower_unit
+
+    def lower_unit(prog, unit, target):
+        if unit == refused:
+            raise NotFusable(f"{unit}: refused by the test")
+        return real(prog, unit, target)
+
+    monkeypatch.setattr(kernel, "lower_unit", lower_unit)
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST, stages=[si])
+    (rec,) = records
+    assert [[refused]] == rec.left and any("refused by the test" in r for r in rec.reasons)
+    if len(sched.stages[si].groups) >= 3:
+        assert rec.fused and len(fused_sched.stages[si].groups) == 2    # the fused kernel and the refused unit
+        assert refused in fused_sched.stages[si].units
+    out = _run(fused_prog, fused_sched, branchy_input)
+    np.testing.assert_allclose(out, branchy_reference, **TOL)
+    json.dumps(fused_sched.options["waves"])      # the decisions go into the schedule file
+
+
+# ------------------------------------------------------------------------------------------- cost and API
+def test_simulated_cost_prices_a_fused_stage_without_the_stage_sync():
+    from tvm_interop.passes.cost import get_cost_model
+
+    program = prepare_program(get_model("inception_v3", **small_config("inception_v3")), HOST)
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    cost = get_cost_model("sim:cpu")
+    si = fusable_stages(sched)[0]
+    groups = [[program.graph.unit(u) for u in g] for g in sched.stages[si].groups]
+    fused, plain = cost.stage_latency(groups, "wave"), cost.stage_latency(groups)
+    assert 0 < fused < plain    # small kernels: the fused stage saves the thread hand-offs
+    # and never faster than its slowest kernel alone
+    assert fused >= max(cost.unit_latency(u) for g in groups for u in g) - cost.spec.launch
+
+
+def test_compile_with_wave_fusion_matches_plain_tvm_and_records_decisions(branchy_model, branchy_input,
+                                                                          branchy_reference):
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", fusion="wave", guard=False, max_memory_ratio=None)
+    try:
+        np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, **TOL)
+        wf = cm.schedule.options["wave_fusion"]
+        assert wf["cost"] == "sim:cpu" and wf["decisions"]
+        assert all("reason" in d for d in wf["decisions"])
+        assert set(wf["stages"]) <= {d["stage"] for d in wf["decisions"]}
+        if wf["stages"]:
+            assert any(r["fused"] for r in cm.schedule.options["waves"])
+    finally:
+        cm.close()
+
+
+def test_compile_with_wave_fusion_and_the_guard_measures_against_sequential(branchy_model):
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", fusion="wave", guard=True, max_memory_ratio=None,
+                             guard_repeat=3)
+    try:
+        assert cm.guard is not None
+        assert cm.schedule.search["shipped_because"]
+    finally:
+        cm.close()
+
+
+def test_table_without_fused_stages_leaves_them_unfused(tmp_path, branchy_model):
+    from tvm_interop.passes.cost.table import TABLE_FORMAT, TableCostModel
+    from tvm_interop.passes.wave import choose_wave_stages
+
+    program = prepare_program(branchy_model, HOST, name="branchy")
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    table = {"format": TABLE_FORMAT, "model": "branchy", "device": "test",
+             "units": {u.name: 1e-5 for u in program.graph.units}, "stages": []}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    cost = TableCostModel(str(path))
+    choose_wave_stages(program.graph, sched, cost)
+    wf = sched.options["wave_fusion"]
+    assert wf["stages"] == [] and all("no measurement of the fused stage" in d["reason"] for d in wf["decisions"])
+
+
+def test_unknown_fusion_is_refused(branchy_model):
+    with pytest.raises(InteropError, match="unknown fusion"):
+        tvm_interop.compile(branchy_model, fusion="rammer")
