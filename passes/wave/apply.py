@@ -64,19 +64,47 @@ def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None =
         except NotFusable as why:
             rec.left.append(list(g))
             rec.reasons.append(str(why))
-    if len(ok) < 2:
+    if getattr(target, "kind", None) is not None and target.kind.name == "cuda" and len(ok) >= 2:
+        from .cuda import admit   # one block size for the fused launches: keep the chains that agree on it
+
+        keep, why = admit([[lowered[u] for u in g] for g in ok])
+        for i in sorted(why):
+            rec.left.append(list(ok[i]))
+            rec.reasons.append(why[i])
+        ok = [ok[i] for i in keep]
+    kernel = None
+    while len(ok) >= 2 and kernel is None:
+        try:
+            kernel = build_wave_kernel(program, ok, target, veus, lowered)
+        except NotFusable as why:
+            rec.reasons.append(str(why))
+            blamed = [g for g in ok if why.unit is not None and why.unit in g]
+            if not blamed:   # the stage as a whole cannot fuse
+                ok = []
+                break
+            ok.remove(blamed[0])     # leave that member beside the fused kernel and try the others
+            rec.left.append(list(blamed[0]))
+    if kernel is None:
         rec.left = [list(g) for g in groups]
         rec.reasons.append(f"{len(ok)} group(s) can share a kernel; at least two are needed")
         return None, rec
-    try:
-        kernel = build_wave_kernel(program, ok, target, veus, lowered)
-    except NotFusable as why:
-        rec.left = [list(g) for g in groups]
-        rec.reasons.append(str(why))
-        return None, rec
+    rec.left = [list(g) for g in groups if g not in ok]
     rec.fused = [list(g) for g in ok]
     rec.num_waves = kernel.num_waves
     return kernel, rec
+
+
+def _same_device(groups: list[list[str]], unit_devices: dict) -> tuple[list[list[str]], list]:
+    """The groups on the stage's most used device (hios maps units to devices; one kernel runs on one), and
+    the others with the reason they stay apart."""
+    if not unit_devices:
+        return [list(g) for g in groups], []
+    dev = [unit_devices.get(g[0], 0) for g in groups]
+    main = max(set(dev), key=lambda d: (dev.count(d), -d))
+    keep = [list(g) for g, d in zip(groups, dev) if d == main]
+    off = [(list(g), f"{g[0]}: on device {d}, the fused kernel runs on device {main}")
+           for g, d in zip(groups, dev) if d != main]
+    return keep, off
 
 
 def _unique(base: str, taken: set[str]) -> str:
@@ -209,7 +237,13 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
         if st.strategy != CONCURRENT or len(st.groups) < 2:
             records.append(WaveRecord(si, left=st.groups, reasons=["not a concurrent stage of two or more groups"]))
             continue
-        kernel, rec = plan_wave_stage(program, st.groups, target, veus)
+        groups, off_device = _same_device(st.groups, schedule.unit_devices)
+        kernel, rec = plan_wave_stage(program, groups, target, veus)
+        for g, why in off_device:
+            rec.left.append(g)
+            rec.reasons.append(why)
+        if kernel is None:
+            rec.left = [list(g) for g in st.groups]
         rec.stage = si
         records.append(rec)
         if kernel is not None:

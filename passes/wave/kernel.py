@@ -64,9 +64,9 @@ def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
     """The unit's kernel, scheduled as the build would schedule it, lowered and split into nests."""
     func = program.mod[program.calls[unit].func_name]
     if target.kind.name == "cuda":
-        from .cuda import split_cuda, schedule_for_cuda
+        from .cuda import schedule_for_cuda, split_cuda, sync_passes
 
-        return split_cuda(unit, lower(schedule_for_cuda(func, target), target))
+        return split_cuda(unit, lower(schedule_for_cuda(func, target), target, sync_passes()))
     if target.kind.name != "llvm":
         raise NotFusable(f"wave fusion supports CPU (llvm) and CUDA targets, not {target.kind.name}")
     return split_cpu(unit, lower(func, target))

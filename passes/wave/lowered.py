@@ -19,7 +19,12 @@ from tvm_interop.runtime.errors import InteropError
 
 
 class NotFusable(InteropError):
-    """A kernel that cannot share a wave; the message says why (recorded, never a failed build)."""
+    """A kernel that cannot share a wave; the message says why (recorded, never a failed build). ``unit``: the
+    member to leave out, when one is to blame (the others may still fuse)."""
+
+    def __init__(self, message: str, unit: str | None = None):
+        super().__init__(message)
+        self.unit = unit
 
 
 def prefix_passes() -> list:
@@ -33,13 +38,56 @@ def prefix_passes() -> list:
             st.LowerOpaqueBlock(), tx.FlattenBuffer()]
 
 
-def lower(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+def lower(func: tirx.PrimFunc, target: tvm.target.Target, extra: list | None = None) -> tirx.PrimFunc:
     """A fresh copy of ``func`` (every variable and buffer renewed, so two copies can live in one function)
-    lowered through :func:`prefix_passes`."""
-    fresh = s_tir.renew_defs(func)
+    lowered through :func:`prefix_passes`, without the allocation annotations that only the passes before
+    flattening may read (TVM runs its whole pipeline again on the fused kernel, and ``CompactBufferAllocation``
+    would apply a 2-D ``buffer_dim_align`` to the now 1-D buffer). ``extra``: passes run after those."""
+    fresh = s_tir.renew_defs(func).with_attr("target", target)   # some passes (LowerThreadAllreduce) need it
     with target:
-        mod = tvm.transform.Sequential(prefix_passes())(tvm.IRModule({"main": fresh}))
-    return mod["main"]
+        mod = tvm.transform.Sequential(prefix_passes() + list(extra or []))(tvm.IRModule({"main": fresh}))
+    low = mod["main"].without_attr("target")
+    return low.with_body(rebuild(low.body, _drop_pre_flatten_annotations))
+
+
+_PRE_FLATTEN_ANNOTATIONS = ("buffer_dim_align",)
+
+
+def _drop_pre_flatten_annotations(stmt):
+    if isinstance(stmt, S.AllocBuffer):
+        ann = dict(stmt.annotations or {})
+        if any(k in ann for k in _PRE_FLATTEN_ANNOTATIONS):
+            return S.AllocBuffer(stmt.buffer, annotations={k: v for k, v in ann.items()
+                                                          if k not in _PRE_FLATTEN_ANNOTATIONS})
+    return stmt
+
+
+def rebuild(stmt, fn):
+    """``stmt`` with ``fn`` applied to every statement, children first (TVM 0.27 has no Python statement mutator);
+    a node is rebuilt only when a child changed."""
+    if isinstance(stmt, S.SeqStmt):
+        seq = [rebuild(s, fn) for s in stmt.seq]
+        if any(not a.same_as(b) for a, b in zip(seq, stmt.seq)):
+            stmt = S.SeqStmt(seq)
+    elif isinstance(stmt, S.For):
+        body = rebuild(stmt.body, fn)
+        if not body.same_as(stmt.body):
+            stmt = S.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                         stmt.annotations, stmt.step)
+    elif isinstance(stmt, S.AttrStmt):
+        body = rebuild(stmt.body, fn)
+        if not body.same_as(stmt.body):
+            stmt = S.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
+    elif isinstance(stmt, S.IfThenElse):
+        then = rebuild(stmt.then_case, fn)
+        other = rebuild(stmt.else_case, fn) if stmt.else_case is not None else None
+        if not then.same_as(stmt.then_case) or (other is not None and not other.same_as(stmt.else_case)):
+            stmt = S.IfThenElse(stmt.condition, then, other)
+    elif isinstance(stmt, S.While):
+        body = rebuild(stmt.body, fn)
+        if not body.same_as(stmt.body):
+            stmt = S.While(stmt.condition, body)
+    return fn(stmt)
 
 
 def flat(stmt) -> list:
@@ -112,6 +160,8 @@ class LoweredKernel:
     func: tirx.PrimFunc
     decls: list = field(default_factory=list)
     nests: list = field(default_factory=list)
+    shared_bytes: int = 0    # CUDA: static shared memory the kernel declares
+    syncs: bool = False      # CUDA: its threads synchronise (shared memory, cross-thread reductions, warp ops)
 
     @property
     def params(self) -> list:

@@ -1,0 +1,216 @@
+"""One launch per wave on a GPU: the members' thread blocks in one grid (Rammer's rTasks on an rProgram).
+
+Wave ``k`` holds the ``k``-th kernel launch of every member (a member being one kernel or a group's chain of
+kernels); the end of a launch is the barrier between waves, so a chain's kernels keep their order. In a wave's
+launch the members' grids are laid end to end on ``blockIdx.x`` (:mod:`passes.wave.partition`): a block first
+finds its member (a comparison that is the same for every thread of the block), then re-derives the member's own
+``blockIdx.{x,y,z}`` and ``threadIdx.{x,y,z}`` from the fused indices, x fastest as CUDA numbers them, so warps
+hold the same threads as in the member's own launch. The block size is the largest member's; a smaller member's
+surplus threads skip its body.
+
+What cannot share a launch is refused (:class:`NotFusable`, the stage keeps that member beside the fused kernel):
+a member whose threads synchronise (shared memory, which gets ``__syncthreads``; cross-thread reductions and warp
+operations) in a wave whose block is larger than its own, since its surplus threads would skip the barrier; and
+members whose static shared memory together exceeds the 48 KiB a block may declare. TVM's later passes (thread
+synchronisation, shared-memory planning, host/device split) then finish the fused kernel like any other.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.tirx import stmt as S
+
+from .lowered import LoweredKernel, Nest, NotFusable, flat, is_declaration, work
+
+STATIC_SHARED_LIMIT = 48 * 1024
+_BLOCK = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+_THREAD = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+_SYNCING_CALLS = ("tvm_thread_allreduce", "tvm_warp_shuffle", "tvm_storage_sync", "tvm_warp_activemask",
+                  "tvm_fill_fragment", "tvm_mma_sync", "ptx_")
+
+
+def schedule_for_cuda(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+    """The kernel with the schedule the CUDA build gives it (DLight's rules, ``cuda_build``); an already
+    scheduled (tuned) kernel is kept."""
+    from ..cuda_build import robust_default_schedule
+
+    if func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]):
+        return func
+    with target:
+        return robust_default_schedule(target)(tvm.IRModule({"main": func}))["main"]
+
+
+def sync_passes() -> list:
+    """TVM's barrier insertion and cross-thread reduction lowering, run on each member alone, where its launch
+    dimensions are still the ``thread_extent`` attributes these passes read. In the fused kernel a member's body
+    sits under the block-index test, where TVM 0.27's ``ThreadSync`` refuses to insert barriers ("Cannot insert
+    syncs inside condition"), and its thread indices are values bound from the fused ones, which
+    ``LowerThreadAllreduce`` cannot see through; with both done per member, they have nothing left to do there."""
+    st = s_tir.transform
+    return [st.ThreadSync("shared"), st.ThreadSync("shared.dyn"), st.ThreadSync("warp"), st.InferFragment(),
+            st.LowerThreadAllreduce()]
+
+
+class Launch:
+    """One kernel launch of a lowered member: its block and thread dimensions, the member's index variables,
+    the attributes to keep (virtual threads) and the body."""
+
+    def __init__(self, stmt, name: str):
+        self.block = {}      # tag -> (var, extent)
+        self.thread = {}
+        self.keep = []       # AttrStmts to re-wrap around the body (virtual threads, pragmas)
+        s = stmt
+        while isinstance(s, S.AttrStmt) and s.attr_key in ("thread_extent", "virtual_thread"):
+            iv = s.node
+            tag = str(iv.thread_tag)
+            if s.attr_key == "thread_extent" and tag in _BLOCK + _THREAD:
+                ext = s.value
+                if not isinstance(ext, tirx.IntImm):
+                    raise NotFusable(f"{name}: a launch dimension {tag} that is not a constant")
+                (self.block if tag in _BLOCK else self.thread)[tag] = (iv.var, int(ext.value))
+            else:
+                self.keep.append(s)
+            s = s.body
+        if not self.block and not self.thread:
+            raise NotFusable(f"{name}: a top-level statement that is not a kernel launch")
+        self.body = s
+
+    def dims(self, tags) -> tuple[int, ...]:
+        table = self.block if tags is _BLOCK else self.thread
+        return tuple(table[t][1] if t in table else 1 for t in tags)
+
+    @property
+    def grid(self) -> int:
+        x, y, z = self.dims(_BLOCK)
+        return x * y * z
+
+    @property
+    def threads(self) -> int:
+        x, y, z = self.dims(_THREAD)
+        return x * y * z
+
+
+def split_cuda(name: str, func: tirx.PrimFunc) -> LoweredKernel:
+    """Split a lowered CUDA kernel into declarations and launches (each a :class:`Nest` of kind ``launch``
+    holding a :class:`Launch`)."""
+    out = LoweredKernel(name, func)
+    script = func.script()
+    syncs = any(c in script for c in _SYNCING_CALLS)
+    shared = 0
+    try:
+        sizes = s_tir.analysis.calculate_allocated_bytes(func)
+        for scope, nbytes in dict(sizes.get("main", {})).items():
+            if str(scope).startswith("shared"):
+                shared += int(nbytes)
+    except Exception:  # noqa: BLE001 - no estimate: count nothing, the build still checks the limit
+        shared = 0
+    out.shared_bytes = shared
+    out.syncs = syncs or shared > 0
+    for s in flat(func.body):
+        if is_declaration(s):
+            out.decls.append(s)
+            continue
+        launch = Launch(s, name)
+        out.nests.append(Nest(launch, "launch", max(work(s), 1), launch.grid))
+    if not out.nests:
+        raise NotFusable(f"{name}: no kernel launch")
+    return out
+
+
+def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]:
+    """Which chains can share launches. Wave ``w`` runs the ``w``-th launch of every chain in blocks of its
+    largest launch's threads; a launch whose threads synchronise must have exactly that many. While some wave
+    breaks that, the chain in the most such conflicts is left out (with the reason). Returns the admitted chain
+    indices and, for the others, why not."""
+    launches = [[(n.stmt.threads, k.syncs, k.name) for k in chain for n in k.nests] for chain in chains]
+    alive = list(range(len(chains)))
+    why: dict[int, str] = {}
+    while len(alive) >= 2:
+        blame: dict[int, list[str]] = {}
+        for w in range(max(len(launches[i]) for i in alive)):
+            here = [(i, launches[i][w]) for i in alive if w < len(launches[i])]
+            for i, (t, syncs, name) in here:
+                if not syncs:
+                    continue
+                for j, (tj, _, other) in here:
+                    if tj > t:
+                        note = (f"{name}: its threads synchronise in blocks of {t} threads, and {other} runs blocks of "
+                                f"{tj} in the same fused launch (wave {w})")
+                        blame.setdefault(i, []).append(note)
+                        blame.setdefault(j, []).append(note)
+        if not blame:
+            break
+        worst = max(blame, key=lambda i: (len(blame[i]), i))
+        why[worst] = blame[worst][0]
+        alive.remove(worst)
+    return alive, why
+
+
+def _bind_dims(table: dict, tags, linear, dtype: str) -> list:
+    """``Bind`` statements giving the member's index variables their values from the linear fused index."""
+    out, stride = [], 1
+    dims = [table[t][1] if t in table else 1 for t in tags]
+    for tag, d in zip(tags, dims):
+        if tag in table:
+            var = table[tag][0]
+            value = tirx.floormod(tirx.floordiv(linear, tirx.IntImm(dtype, stride)), tirx.IntImm(dtype, d))
+            vdtype = str(var.ty.dtype)
+            out.append(S.Bind(var, value if vdtype == dtype else tirx.Cast(vdtype, value)))
+        stride *= d
+    return out
+
+
+def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
+    """One launch running ``launches`` (member name, launch, whether its threads synchronise)."""
+    dtype = "int64"
+    block = max(la.threads for _, la, _ in launches)
+    for member, la, syncs in launches:
+        if syncs and la.threads != block:   # admit() keeps such chains out; a direct caller gets the reason
+            raise NotFusable(f"{member}: its threads synchronise, and its block of {la.threads} threads is smaller "
+                             f"than the wave's ({block})", unit=member)
+    grids = [la.grid for _, la, _ in launches]
+    bx = tirx.Var(f"{name}_bx", dtype)
+    tx = tirx.Var(f"{name}_tx", dtype)
+    branches = []
+    offset = 0
+    for (member, la, _), g in zip(launches, grids):
+        local_b = bx - tirx.IntImm(dtype, offset) if offset else bx
+        body = [*_bind_dims(la.block, _BLOCK, local_b, dtype), *_bind_dims(la.thread, _THREAD, tx, dtype)]
+        inner = la.body
+        for attr in reversed(la.keep):
+            inner = S.AttrStmt(attr.node, attr.attr_key, attr.value, inner)
+        body.append(inner)
+        stmt = S.SeqStmt(body)
+        if la.threads != block:
+            stmt = S.IfThenElse(tirx.LT(tx, tirx.IntImm(dtype, la.threads)), stmt, None)
+        cond = tirx.LT(bx, tirx.IntImm(dtype, offset + g))
+        branches.append((cond, stmt))
+        offset += g
+    # if / else-if chain on the block index: uniform within a block
+    chain = branches[-1][1]
+    for cond, stmt in reversed(branches[:-1]):
+        chain = S.IfThenElse(cond, stmt, chain)
+    tx_iv = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, block)), tx,
+                         tirx.IterVar.ThreadIndex, "threadIdx.x")
+    bx_iv = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, offset)), bx,
+                         tirx.IterVar.ThreadIndex, "blockIdx.x")
+    return S.AttrStmt(bx_iv, "thread_extent", tirx.IntImm(dtype, offset),
+                      S.AttrStmt(tx_iv, "thread_extent", tirx.IntImm(dtype, block), chain))
+
+
+def fuse_cuda(members: list[list[LoweredKernel]], prologue: list, params: list, attrs: dict,
+              target: tvm.target.Target) -> tuple[tirx.PrimFunc, int]:
+    """The fused PrimFunc (see the module docstring) and its number of waves (launches)."""
+    shared = sum(k.shared_bytes for chain in members for k in chain)
+    if shared > STATIC_SHARED_LIMIT:
+        biggest = max((k for chain in members for k in chain), key=lambda k: k.shared_bytes)
+        raise NotFusable(f"the members declare {shared} bytes of shared memory together, over the "
+                         f"{STATIC_SHARED_LIMIT} a block may declare (largest: {biggest.name})", unit=biggest.name)
+    chains = [[(k.name, n.stmt, k.syncs) for k in chain for n in k.nests] for chain in members]
+    decls = [d for chain in members for k in chain for d in k.decls]
+    waves = []
+    for w in range(max(len(c) for c in chains)):
+        launches = [c[w] for c in chains if w < len(c)]
+        waves.append(wave_launch(launches, f"wave{w}"))
+    body = S.SeqStmt(list(prologue) + decls + waves)
+    return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), len(waves)
