@@ -96,8 +96,10 @@ def prim_func_flops(func: tvm.tirx.PrimFunc) -> float:
         return 0.0
 
 
-def extract(mod: tvm.IRModule, name: str = "model") -> Program:
-    """Build the Program (and its OpGraph) from a module prepared by ``passes.prepare``."""
+def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Program:
+    """Build the Program (and its OpGraph) from a module prepared by ``passes.prepare``. ``known_constants``:
+    constants (Relax constant nodes) that keep their indices, in this order (a rewrite of a program that is
+    given its weights by position, e.g. ``lift_constants``, must not renumber them); others follow."""
     import json
 
     from .prepare import CONV_ATTRS, weight_key
@@ -139,6 +141,8 @@ def extract(mod: tvm.IRModule, name: str = "model") -> Program:
             return base.item(int(e.index))
         raise UnsupportedModelError(f"{where}: unsupported expression {type(e).__name__} in main")
 
+    for c in known_constants or ():
+        const_ref(c)
     body = main.body
     if not isinstance(body, relax.SeqExpr):
         raise UnsupportedModelError("main's body is not a sequence of bindings")

@@ -15,6 +15,8 @@ Candidate stages (documented choice; each source is recorded per stage):
 
 * ``unit``: every unit alone (the sequential baseline, LIOS's priorities, greedy's ordering);
 * ``greedy``, ``lios``: the stages those schedulers build (greedy at ``max_streams``);
+* ``wave`` (``BundleOptions.wave``, CLI ``--wave-fusion``): every greedy and lios stage of two or more groups also
+  fused into one kernel (``passes.wave``), recorded with ``"strategy": "wave"`` and the fused unit it ``run``s;
 * ``ios``: every concurrent stage IOS's dynamic program costs with small pruning (``r`` units per group, ``s``
   groups per stage, default 2 and 3) on blocks of at most ``ios_block`` units (default 8; larger blocks are split
   in topological order, as ``schedule_graph`` does), with the branch-and-bound pruning off (so the set does not
@@ -106,6 +108,7 @@ class BundleOptions:
     ios: bool = True
     lios: bool = True
     cost: str | None = None   # the simulated model the searches run with while recording (default: device preset)
+    wave: bool = False        # also each greedy / lios stage fused into one kernel (passes.wave), as "wave" stages
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -243,8 +246,8 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
             bb.emit_func_output(relax.Tuple([]))
         return used
 
-    for k, st in enumerate(stages):
-        st["tensors"] = emit_function(STAGE_FUNC.format(k), [st["groups"]])
+    for k, st in enumerate(stages):   # a wave stage runs its fused kernel (``run``), keyed by the groups it fuses
+        st["tensors"] = emit_function(STAGE_FUNC.format(k), [st.get("run", st["groups"])])
         st["function"] = STAGE_FUNC.format(k)
     for k, pr in enumerate(programs or []):
         pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"])
@@ -255,6 +258,47 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
     for gv, f in built.functions.items():
         funcs[gv] = f
     return tvm.IRModule(funcs)
+
+
+WAVE_SOURCES = ("greedy", "lios")   # the stages whose fused form a bundle holds (IOS's thousands would each be a kernel)
+WAVE_UNIT = "__wave{}"
+
+
+def _add_wave_stages(program: Program, stages: list[dict], units: dict, tensors: list[dict], target, notes: list):
+    """For each multi-group stage from :data:`WAVE_SOURCES`, its fused kernel (``passes.wave``) as a unit of its
+    own and a ``"wave"`` stage calling it, timed like any stage and keyed ``wave:...`` in the cost table. A stage
+    that does not fuse whole is left out (the note says why): the table prices only what the build would run."""
+    import dataclasses
+
+    from .wave.kernel import build_wave_kernel
+    from .wave.lowered import NotFusable
+
+    ids = {(t["kind"], t["name"]): i for i, t in enumerate(tensors)}
+
+    def tensor_of(ref) -> int:
+        key = {"input": ("input", str(ref.index)), "const": ("const", str(ref.index)),
+               "unit": ("unit", f"{ref.unit}/{ref.index}")}[ref.kind]
+        return ids[key]
+
+    bb = relax.BlockBuilder(program.mod)
+    fused = []
+    for st in stages:
+        if len(st["groups"]) < 2 or not set(st["sources"]) & set(WAVE_SOURCES):
+            continue
+        try:
+            kern = build_wave_kernel(program, st["groups"], target)
+        except NotFusable as why:
+            notes.append(f"wave stage {stage_key(st['groups'])} left out: {why}")
+            continue
+        k = len(fused)
+        gv = bb.add_func(kern.func, f"wave_stage{k}")
+        name = WAVE_UNIT.format(k)
+        units[name] = {"func": gv.name_hint, "args": [tensor_of(r) for r in kern.signature.inputs],
+                       "outs": [ids[("unit", f"{u}/{i}")] for u, i in kern.signature.outputs]}
+        fused.append({"groups": [list(g) for g in st["groups"]], "sources": list(st["sources"]), "strategy": "wave",
+                      "run": [[name]]})
+    log.info("profile bundle: %d fused (wave) stages", len(fused))
+    return dataclasses.replace(program, mod=bb.get()), fused
 
 
 def build_profile_bundle(program: Program, target, out_dir: str, options: BundleOptions | None = None,
@@ -273,7 +317,8 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     graph = program.graph
     if stages is None:
         stages = candidate_stages(graph, options, device)
-    stages = [{"groups": [list(g) for g in st["groups"]], "sources": list(st.get("sources", []))} for st in stages]
+    stages = [{"groups": [list(g) for g in st["groups"]], "sources": list(st.get("sources", []))} for st in stages
+              if st.get("strategy", "concurrent") == "concurrent"]
     programs = [{"name": str(pr["name"]), "stages": [[list(g) for g in groups] for groups in pr["stages"]]}
                 for pr in (programs or [])]
     widest = max([len(st["groups"]) for st in stages]
@@ -282,11 +327,14 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
 
     num_streams = resolve_stream_count(options.max_streams, widest)
     tensors, units = _tensor_table(program)
-    mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
     notes: list = []
+    if options.wave:
+        program, fused = _add_wave_stages(program, stages, units, tensors, target, notes)
+        stages = stages + fused
+    mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
     if target.kind.name == "cuda":
         ex, report = build_cuda(mod, target, cuda_graph=False)
-        notes = report.notes
+        notes += report.notes
     else:
         ex = tvm.compile(mod, target)
     os.makedirs(out_dir, exist_ok=True)

@@ -161,8 +161,8 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
 
         timer = StageTimer(lambda n: klib.get_function(n), dev, warmup=warmup, repeat=repeat)
         try:
-            for i, st in enumerate(stages):
-                lat = timer.time_stage([[call(u) for u in g] for g in st["groups"]])
+            for i, st in enumerate(stages):   # a wave stage runs its fused kernel in place of its groups
+                lat = timer.time_stage([[call(u) for u in g] for g in st.get("run", st["groups"])])
                 results.append(lat)
                 if progress:
                     progress(i + 1, len(stages), lat)
@@ -189,9 +189,10 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
     }
     for index, st, lat in zip(order, stages, results):
         groups = st["groups"]
-        table["stages"].append({"index": index, "key": stage_key(groups), "groups": groups, "latency": lat,
-                                "sources": st.get("sources", [])})
-        if len(groups) == 1 and len(groups[0]) == 1:
+        strategy = st.get("strategy", "concurrent")
+        table["stages"].append({"index": index, "key": stage_key(groups, strategy), "groups": groups, "latency": lat,
+                                "sources": st.get("sources", []), "strategy": strategy})
+        if strategy == "concurrent" and len(groups) == 1 and len(groups[0]) == 1:
             table["units"][groups[0][0]] = lat
     table["seconds"] = time.perf_counter() - t_start
     if out:

@@ -8,7 +8,7 @@ latency next to the measured one. Writes docs/bench_cpu.json and docs/bench_cpu.
 
     .venv/bin/python scripts/bench_cpu.py --models inception_v3 squeezenet googlenet randwire --repeat 15
 
-Scheduler specs are ``name`` or ``name:cost``: ``ios`` / ``lios`` use the measured cost model, ``ios:learned`` the
+Scheduler specs are ``name`` or ``name:cost``, optionally followed by ``+wave`` (wave fusion, ``passes.wave``): ``ios`` / ``lios`` use the measured cost model, ``ios:learned`` the
 learned one (XGBoost trained on measured stages, with the search's picks measured; see passes.cost.learned).
 A measured-cost ios search of randwire's single 276-unit block needs hours of stage timing on this CPU, so
 randwire runs ``ios:learned`` only (``SKIP``). For every schedule costed by measurements the script also
@@ -59,8 +59,11 @@ def machine() -> dict:
             "python": platform.python_version(), "tvm": tvm.__version__, "numpy": np.__version__}
 
 
+WAVE = "+wave"   # spec suffix: the same scheduler with wave fusion (passes.wave) where the cost model prices it faster
+
+
 def _cost_of(spec: str) -> tuple[str, str]:
-    name, _, cost = spec.partition(":")
+    name, _, cost = spec.removesuffix(WAVE).partition(":")
     if cost:
         return name, cost
     return name, ("measured" if name in ("ios", "lios") else "sim:cpu")
@@ -110,6 +113,8 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                 continue
             kw = {"tuning_db": db} if db else {}
             t = time.perf_counter()
+            if spec.endswith(WAVE):
+                kw["fusion"] = "wave"
             cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache_for(cache, cost), guard=False,
                                      name=name,
                                      max_memory_ratio=None, **kw)
@@ -122,7 +127,9 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                               "measurements": search.get("measurements"), "cache_hits": search.get("cache_hits"),
                               "predicted_ms": None if cm.schedule.predicted_latency is None
                               else cm.schedule.predicted_latency * 1e3,
-                              "sim_vs_measured": sim_vs_measured(cm), "search": search}
+                              "sim_vs_measured": sim_vs_measured(cm), "search": search,
+                              "wave_fused_stages": sum(1 for r in cm.schedule.options.get("waves", []) if r["fused"])
+                              if spec.endswith(WAVE) else None}
             print(f"  {name}/{row_name}: {cm.schedule.num_stages} stages, optimisation {opt:.1f} s, "
                   f"{search.get('measurements', 0)} measurements", flush=True)
     first = next(iter(models.values()))
@@ -158,7 +165,10 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
            "measured cost model (stages timed on this CPU), `ios:learned` the learned one (XGBoost on measured "
            "stages; the stages of every schedule it picks are measured); optimisation = schedule search incl. "
            "measurements; measurements = stages timed in this run (cache hits not counted). predicted ms = the "
-           "cost model's total for the schedule (for measured/learned: the sum of measured stage latencies).", ""]
+           "cost model's total for the schedule (for measured/learned: the sum of measured stage latencies). "
+           "`+wave` rows: the same scheduler with wave fusion (Rammer; `passes.wave`): every concurrent stage that the "
+           "row's cost model prices faster fused runs as one kernel, one parallel region per wave (stages column: "
+           "stages of the schedule; fused in brackets).", ""]
     for r in results:
         tag = f" (`{TUNED.strip()}` rows: kernels from the tuning database {r['tuning_db']})" if r["tuning_db"] else ""
         out += [f"## {r['model']}{tag} — width {r['config'].get('width')}, {r['config'].get('image_size')} px", "",
@@ -168,7 +178,8 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
         for s, row in r["rows"].items():
             pred = "" if row["predicted_ms"] is None else f"{row['predicted_ms']:.2f}"
             meas = "" if row.get("measurements") is None else str(row["measurements"])
-            out.append(f"| {s} | {row['stages']} | {row['max_groups']} | {row['median_ms']:.2f} | {row['iqr_ms']:.2f} | "
+            fused = "" if row.get("wave_fused_stages") is None else f" ({row['wave_fused_stages']} fused)"
+            out.append(f"| {s} | {row['stages']}{fused} | {row['max_groups']} | {row['median_ms']:.2f} | {row['iqr_ms']:.2f} | "
                        f"{row['speedup_vs_sequential']:.2f}x | {row['speedup_vs_default_sequential']:.2f}x | "
                        f"{row['optimisation_s']:.1f} | {meas} | {pred} | "
                        f"{row['max_abs_diff']:.1e} |")
@@ -207,7 +218,8 @@ def main() -> int:
                          "MODEL --image-size/--width as in CONFIGS --db DIR`); repeatable")
     ap.add_argument("--out", default="docs/bench_cpu")
     args = ap.parse_args()
-    schedulers = [s for s in args.schedulers.split(",") if s.partition(":")[0] in available_schedulers()]
+    schedulers = [s for s in args.schedulers.split(",")
+                  if s.removesuffix(WAVE).partition(":")[0] in available_schedulers()]
     if "sequential" not in schedulers:
         schedulers.insert(0, "sequential")  # the baseline of every ratio
     try:

@@ -56,7 +56,7 @@ def dry_build(tmp_path_factory) -> str:
     build, in seconds."""
     d = str(tmp_path_factory.mktemp("gpu_check") / "build")
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
-            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy")
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave")
     assert r.returncode == 0, r.stderr[-3000:]
     return d
 
@@ -279,7 +279,9 @@ def test_cuda_build_squeezenet(tmp_path):
     assert entry["name"] == "squeezenet" and entry["units"] > 0 and entry["inputs"][0]["shape"] == [1, 3, 224, 224]
     assert all(len(w["shape"]) >= 1 for w in entry["weights"])
     names = [v["name"] for v in entry["variants"]]
-    assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(names) == 2 + 4 * 2 * 2
+    # 6 schedules (sequential, greedy, lios, ios, greedy+wave, lios+wave) x 2 modes x direct / CUDA graph
+    assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(names) == 2 + 6 * 2 * 2
+    assert {"greedy+wave", "lios+wave + CUDA graph"} <= set(names)
     for v in entry["variants"]:
         assert (d / (v["library"] + ".xz")).exists() and v["function"]
         if v["name"] != "plain TVM" and not v["name"].startswith("plain"):

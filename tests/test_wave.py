@@ -292,3 +292,26 @@ def test_groups_on_another_device_stay_apart(branchy_model):
     sched.unit_devices = {u: (1 if u in other else 0) for u in program.graph.index}
     _, _, (rec,) = apply_wave_fusion(program, sched, HOST, stages=[si])
     assert other in rec.left and any("on device 1" in r for r in rec.reasons)
+
+
+def test_profiling_bundle_with_fused_stages_prices_them_from_the_table(tmp_path, branchy_model):
+    """The bundle carries each greedy/lios stage fused; measured (here, runtime side), the table prices
+    ``wave`` stages, and the stage choice uses those prices."""
+    from tvm_interop.passes.cost.table import TableCostModel
+    from tvm_interop.passes.profile_bundle import BundleOptions, build_profile_bundle
+    from tvm_interop.passes.wave import choose_wave_stages
+    from tvm_interop.runtime.profile_bundle import measure_bundle
+
+    program = prepare_program(branchy_model, HOST, name="branchy")
+    bundle = build_profile_bundle(program, HOST, str(tmp_path / "bundle"), BundleOptions(ios=False, wave=True))
+    waves = [st for st in bundle.plan["stages"] if st.get("strategy") == "wave"]
+    assert waves and all(st["run"][0][0] in bundle.plan["units"] for st in waves)
+    table = measure_bundle(str(tmp_path / "bundle"), repeat=3, warmup=1, out=str(tmp_path / "costs.json"))
+    assert sum(1 for st in table["stages"] if st["key"].startswith("wave:")) == len(waves)
+    cost = TableCostModel(str(tmp_path / "costs.json"))
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    choose_wave_stages(program.graph, sched, cost)
+    decisions = sched.options["wave_fusion"]["decisions"]
+    priced = [d for d in decisions if "fused_s" in d]
+    assert priced, decisions      # greedy's own stages are in the bundle, fused
+    assert all(d["fused_s"] > 0 for d in priced)

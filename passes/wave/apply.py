@@ -145,7 +145,7 @@ def _topological(bindings: list, first: dict) -> list:
     return out
 
 
-def splice_waves(program, kernels: list[WaveKernel]) -> tuple[tvm.IRModule, list[str]]:
+def splice_waves(program, kernels: list[WaveKernel], name_prefix: str = "") -> tuple[tvm.IRModule, list[str]]:
     """``program.mod`` with each kernel's units replaced by one call of it; returns (module, fused var names)."""
     mod = program.mod
     main = mod["main"]
@@ -167,7 +167,7 @@ def splice_waves(program, kernels: list[WaveKernel]) -> tuple[tvm.IRModule, list
             raise NotFusable("the stage's units are in different binding blocks of main")
         (bi,) = blocks
         dataflow = isinstance(main.body.blocks[bi], relax.DataflowBlock)
-        gv = bb.add_func(kern.func, f"wave_{sig.units[0]}")
+        gv = bb.add_func(kern.func, f"{name_prefix}wave_{sig.units[0]}")
         args = []
         for ref in sig.inputs:   # the expression the first reader passes (same object: constants match by identity)
             for u in sig.units:
@@ -213,11 +213,13 @@ def splice_waves(program, kernels: list[WaveKernel]) -> tuple[tvm.IRModule, list
 
 
 def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | None = None,
-                      veus: int | None = None):
+                      veus: int | None = None, name_prefix: str = ""):
     """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``).
 
     Returns ``(new_program, new_schedule, records)``. CPU targets first get their weights repacked at build
-    time (``passes.kernels.prepack``), so the fused kernels read repacked weights like the unfused ones.
+    time (``passes.kernels.prepack``), so the fused kernels read repacked weights like the unfused ones. The
+    constants keep their indices (callers that pass weights by position rely on it). ``name_prefix``: for the
+    fused kernels' names (several fused programs in one library).
     """
     from ..extract import extract
     from ..target import normalize_target
@@ -229,7 +231,7 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
 
         packed = prepack_weights(program, target)
         if packed is not program:
-            program = extract(packed.mod, name=program.graph.name)
+            program = extract(packed.mod, name=program.graph.name, known_constants=packed.const_exprs)
     chosen = fusable_stages(schedule) if stages is None else list(stages)
     kernels, records = [], []
     for si in chosen:
@@ -255,8 +257,8 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
         out = replace(schedule, options=dict(schedule.options), search=dict(schedule.search))
         out.options["waves"] = [r.to_json() for r in records]
         return program, out, records
-    new_mod, names = splice_waves(program, kernels)
-    new_program = extract(new_mod, name=program.graph.name)
+    new_mod, names = splice_waves(program, kernels, name_prefix)
+    new_program = extract(new_mod, name=program.graph.name, known_constants=program.const_exprs)
     by_var = {uc.binding_var: n for n, uc in new_program.calls.items()}
     rename = {n: by_var[uc.binding_var] for n, uc in program.calls.items() if uc.binding_var in by_var}
     for rec, name in zip(fused_records, names):

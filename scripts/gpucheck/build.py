@@ -19,7 +19,7 @@ from typing import Any
 
 from tvm_interop.runtime import atomic
 
-from .common import CARRY_LIMIT, FUNC
+from .common import CARRY_LIMIT, FUNC, WAVE
 from .device import SOURCE_FORMATS, cuda_kernel_formats
 
 
@@ -190,18 +190,30 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
     from tvm_interop.passes.schedulers import available_schedulers, schedule_graph
 
     out = []
-    for sname in [s for s in ctx.args.schedulers.split(",") if s]:
+    for spec in [s for s in ctx.args.schedulers.split(",") if s]:
+        sname = spec.removesuffix(WAVE)
         if sname not in available_schedulers():
             log(f"  {name}: scheduler {sname} not available, skipped")
             continue
         opts = {"max_streams": ctx.args.max_streams} if sname == "greedy" else {}
         sched = schedule_graph(program.graph, sname, ctx.args.cost, model_name=name, **opts)
+        prog = program
+        if spec.endswith(WAVE):   # every fusable stage fused (the H100 run tells whether it pays)
+            from tvm_interop.passes.wave import apply_wave_fusion
+
+            prog, sched, records = apply_wave_fusion(program, sched, ctx.target, name_prefix=f"{sname}_")
+            fused = [r for r in records if r.fused]
+            if not fused:
+                log(f"  {name}: {spec}: no stage fused, skipped")
+                continue
+            log(f"  {name}: {spec}: {len(fused)} of {len(records)} stages fused, "
+                f"{sum(len(r.left) for r in fused)} groups left beside their fused kernel")
         for mode in [m for m in ctx.args.modes.split(",") if m]:
-            prefix = f"{sname}__{mode}__"
-            low = lower_program(program, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
+            prefix = f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__"
+            low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
                                 cuda_graph=True, lift_constants=True, prefix=prefix)
             check_lowered(low.mod, ctx.target).raise_if_unsafe()
-            out.append((sname, mode, prefix, low, sched))
+            out.append((spec, mode, prefix, low, sched))
     return out
 
 
