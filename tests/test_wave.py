@@ -315,3 +315,26 @@ def test_profiling_bundle_with_fused_stages_prices_them_from_the_table(tmp_path,
     priced = [d for d in decisions if "fused_s" in d]
     assert priced, decisions      # greedy's own stages are in the bundle, fused
     assert all(d["fused_s"] > 0 for d in priced)
+
+
+def test_cli_schedule_chooses_and_compile_applies_wave_fusion(tmp_path, capsys):
+    """``schedule --wave-fusion`` saves the choice; ``compile --schedule`` builds it; ``compile --wave-fusion``
+    reports what it fused; the exported library runs with TVM's runtime and matches plain TVM."""
+    from tvm_interop import runtime
+    from tvm_interop.cli import main
+
+    sj, so = tmp_path / "s.json", tmp_path / "m.so"
+    model = ["googlenet", "--width", "0.125", "--image-size", "48"]
+    assert main(["schedule", *model, "--scheduler", "lios", "--cost", "sim:cpu", "--wave-fusion", "-o", str(sj),
+                 "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)["wave_fusion"]["stages"]
+    assert chosen and json.loads(sj.read_text())["options"]["wave_fusion"]["stages"] == chosen
+    assert main(["compile", *model, "--schedule", str(sj), "--guard", "off", "-o", str(so), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["wave_fusion"]["fused"] == len(chosen)
+    assert main(["compile", *model, "--scheduler", "greedy", "--wave-fusion", "--guard", "off", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["wave_fusion"]["fusable"] > 0
+    m = runtime.load(str(so))
+    mod = get_model("googlenet", width=0.125, image_size=48)
+    x = _input(mod)
+    np.testing.assert_allclose(m.run(x), tvm_interop.run_reference(mod, [x]), **TOL)

@@ -29,6 +29,9 @@ def register(sub) -> None:
                        epilog="example: tvm-interop schedule nasnet_a_large --scheduler ios --cost sim:h100 --json")
     add_model_args(p)
     p.add_argument("--scheduler", default="ios", choices=SCHEDULERS, help="scheduler (default ios)")
+    p.add_argument("--wave-fusion", action="store_true",
+                   help="also choose the stages to fuse into one kernel each (wave fusion) under the same cost "
+                        "model; saved in the schedule, applied by `compile --schedule`")
     p.add_argument("--cost", default="sim:h100",
                    help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | table:FILE | measured (stages "
                         "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
@@ -221,6 +224,10 @@ def _run(args) -> int:
         with progress_logging(args):
             sched = search_schedule(graph, args.scheduler, cost, model_name=_model_name(args, graph),
                                     batch=args.batch, **opts)
+            if args.wave_fusion:   # priced by the same cost model; compile --schedule applies the choice
+                from tvm_interop.passes.wave import choose_wave_stages
+
+                choose_wave_stages(graph, sched, cost)
     finally:
         if timed:
             cost.close()
@@ -295,6 +302,7 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
         "load_seconds": load_s,
         "schedule_seconds": wall,
         "output": args.output,
+        "wave_fusion": sched.options.get("wave_fusion"),
     }
     fleet = getattr(args, "fleet", None)
     if fleet is not None:
@@ -330,6 +338,10 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
               f"{r['new_stages_measured']} stages newly timed")
     if fleet is not None:
         print(fleet_line(summary["fleet"]))
+    wf = summary["wave_fusion"]
+    if wf:
+        print(f"wave fusion: {len(wf['stages'])} of {len(wf['decisions'])} concurrent stages priced faster fused "
+              f"under {wf['cost']} (stages {wf['stages']})")
     if args.stages:
         print(sched.describe())
     if args.output:
