@@ -1,10 +1,11 @@
 """One parallel region per wave on a CPU: the members' loop nests as one TVM parallel loop.
 
 The region has one iteration per worker thread (a virtual execution unit, Rammer's vEU); each iteration runs
-its share of every member (:mod:`passes.wave.partition`), so the members' work is spread over the threads, with one thread hand-off per wave instead of one per kernel and no thread idle while another member's
-kernel still runs. A member's parallel loop becomes a serial loop over the unit's range of its iterations (the
-loop variable and body are the member's own); a serial nest runs whole on
-one unit, longest first onto the least loaded.
+its share of every member (:mod:`passes.wave.partition`): serial nests whole, longest first onto the least
+loaded unit, and the members' parallel loops laid end to end and cut so that the units' loads come out equal.
+A member's parallel loop becomes a serial loop over the unit's range of its iterations (the loop variable and
+body are the member's own; the ranges are compile-time tables indexed by the unit). So there is one thread
+hand-off per wave instead of one per kernel, and no thread idles while another member's kernel still runs.
 
 Wave ``k`` holds the ``k``-th nest of every member (a member being one kernel or a group's chain of kernels),
 and the end of a parallel region is a barrier: a member's nests stay in their order, and members never wait
@@ -17,7 +18,7 @@ from tvm import tirx
 from tvm.tirx import stmt as S
 
 from .lowered import LoweredKernel, Nest
-from .partition import plan_wave
+from .partition import plan_wave, share_range
 
 
 def _i64(x: int):
@@ -48,15 +49,8 @@ def wave_region(nests: list[Nest], veus: int, name: str):
             continue
         loop, sh = nest.stmt, share[id(nest)]
         dtype = str(loop.loop_var.ty.dtype)
-        cut = [b - sh.start for b in plan.bounds]        # the cut points relative to this loop's start
-
-        def first(values, _sh=sh, _dtype=dtype):
-            # ceil(b / w) clipped to [0, n], per unit, folded at compile time
-            return [min(max(-((-b) // _sh.w), 0), _sh.n) for b in values]
-
-        lo_v, hi_v = first(cut[:-1]), first(cut[1:])
-        if all(lo == hi for lo, hi in zip(lo_v, hi_v)):
-            continue
+        ranges = [share_range(sh, plan.bounds[u], plan.bounds[u + 1]) for u in range(veus)]
+        lo_v, hi_v = [lo for lo, _ in ranges], [hi for _, hi in ranges]
         lo, hi = _table(t, lo_v, dtype), _table(t, hi_v, dtype)
         body.append(S.For(loop.loop_var, lo, hi - lo, tirx.ForKind.SERIAL, loop.body, annotations=loop.annotations))
     return S.For(t, _i64(0), _i64(veus), tirx.ForKind.PARALLEL, S.SeqStmt(body) if len(body) > 1 else body[0])

@@ -21,6 +21,7 @@ from tvm import s_tir, tirx
 from tvm.tirx import stmt as S
 
 from .lowered import LoweredKernel, Nest, NotFusable, flat, is_declaration, work
+from .partition import block_offsets
 
 STATIC_SHARED_LIMIT = 48 * 1024
 _BLOCK = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -147,7 +148,8 @@ def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]
 
 
 def _bind_dims(table: dict, tags, linear, dtype: str) -> list:
-    """``Bind`` statements giving the member's index variables their values from the linear fused index."""
+    """``Bind`` statements giving the member's index variables their values from the linear fused index
+    (``partition.unflatten`` in TIR: x fastest)."""
     out, stride = [], 1
     dims = [table[t][1] if t in table else 1 for t in tags]
     for tag, d in zip(tags, dims):
@@ -168,12 +170,11 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
         if syncs and la.threads != block:   # admit() keeps such chains out; a direct caller gets the reason
             raise NotFusable(f"{member}: its threads synchronise, and its block of {la.threads} threads is smaller "
                              f"than the wave's ({block})", unit=member)
-    grids = [la.grid for _, la, _ in launches]
+    offsets, total = block_offsets([la.grid for _, la, _ in launches])
     bx = tirx.Var(f"{name}_bx", dtype)
     tx = tirx.Var(f"{name}_tx", dtype)
     branches = []
-    offset = 0
-    for (member, la, _), g in zip(launches, grids):
+    for (member, la, _), offset in zip(launches, offsets):
         local_b = bx - tirx.IntImm(dtype, offset) if offset else bx
         body = [*_bind_dims(la.block, _BLOCK, local_b, dtype), *_bind_dims(la.thread, _THREAD, tx, dtype)]
         inner = la.body
@@ -183,18 +184,16 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
         stmt = S.SeqStmt(body)
         if la.threads != block:
             stmt = S.IfThenElse(tirx.LT(tx, tirx.IntImm(dtype, la.threads)), stmt, None)
-        cond = tirx.LT(bx, tirx.IntImm(dtype, offset + g))
-        branches.append((cond, stmt))
-        offset += g
+        branches.append((tirx.LT(bx, tirx.IntImm(dtype, offset + la.grid)), stmt))
     # if / else-if chain on the block index: uniform within a block
     chain = branches[-1][1]
     for cond, stmt in reversed(branches[:-1]):
         chain = S.IfThenElse(cond, stmt, chain)
     tx_iv = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, block)), tx,
                          tirx.IterVar.ThreadIndex, "threadIdx.x")
-    bx_iv = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, offset)), bx,
+    bx_iv = tirx.IterVar(tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, total)), bx,
                          tirx.IterVar.ThreadIndex, "blockIdx.x")
-    return S.AttrStmt(bx_iv, "thread_extent", tirx.IntImm(dtype, offset),
+    return S.AttrStmt(bx_iv, "thread_extent", tirx.IntImm(dtype, total),
                       S.AttrStmt(tx_iv, "thread_extent", tirx.IntImm(dtype, block), chain))
 
 
