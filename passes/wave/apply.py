@@ -277,6 +277,10 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
                   units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in new_program.graph.units],
                   unit_devices={rename.get(k, k): v for k, v in schedule.unit_devices.items() if k in rename},
                   options=dict(schedule.options), search=dict(schedule.search))
+    for rec in fused_records:   # hios: the fused kernel runs where its members ran (they share one device)
+        first = rec.fused[0][0]
+        if first in schedule.unit_devices:
+            out.unit_devices[rec.unit] = schedule.unit_devices[first]
     out.options["waves"] = [r.to_json() for r in records]
     out.validate(new_program.graph)
     log.info("wave fusion: %d of %d stage(s) fused into one kernel each", len(fused_records), len(chosen))
