@@ -337,6 +337,9 @@ def test_cli_schedule_chooses_and_compile_applies_wave_fusion(tmp_path, capsys):
     assert main(["compile", *model, "--schedule", str(sj), "--guard", "off", "-o", str(so), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["wave_fusion"]["fused"] == len(chosen)
+    from tvm_interop.runtime.cpu_threads import kernel_threads
+
+    assert summary["kernel_threads"] == kernel_threads() >= 1   # what every CPU kernel call gets
     assert main(["compile", *model, "--scheduler", "greedy", "--wave-fusion", "--guard", "off", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["wave_fusion"]["fusable"] > 0
     m = runtime.load(str(so))

@@ -55,6 +55,7 @@ def _wave_summary(s) -> dict | None:
 
 def run(args) -> int:
     import tvm_interop
+    from tvm_interop.runtime.cpu_threads import kernel_threads
 
     status(args, f"compiling {args.model} for {args.target} with scheduler {args.scheduler} ...")
     with progress_logging(args), fleet_from_args(args) as fleet:
@@ -84,6 +85,7 @@ def run(args) -> int:
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
         "fleet": fleet_report,
         "wave_fusion": _wave_summary(s),
+        "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
     }
     if args.json:
         print_json(summary)
@@ -91,6 +93,9 @@ def run(args) -> int:
         print(f"{s.model_name}: {len(cm.graph)} units -> {s.num_stages} stages (scheduler {s.scheduler}, "
               f"max {s.max_concurrency()} concurrent groups)")
         print(f"target: {cm.target}")
+        if summary["kernel_threads"] is not None:
+            print(f"kernel threads: {summary['kernel_threads']} per kernel call (TVM_NUM_THREADS; default: one per "
+                  "physical core of this process)")
         if s.predicted_latency is not None:
             print(f"predicted by {s.device}: {s.predicted_latency * 1e3:.3f} ms "
                   f"(sequential {s.sequential_latency * 1e3:.3f} ms)")
