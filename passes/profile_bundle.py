@@ -162,16 +162,20 @@ class Bundle:
 
 
 def _tensor_table(program: Program):
-    """Tensor ids for model inputs, constants and unit outputs, and each unit's (kernel, args, outs)."""
-    tensors: list[dict] = []
-    ids: dict[tuple, int] = {}
+    """Tensor ids for model inputs, constants and unit outputs, and each unit's (kernel, args, outs); also the id
+    of each tensor by its :class:`Ref` (what a fused stage's signature names)."""
+    from tvm_interop.runtime.plan import Ref
 
-    def tid(key, info) -> int:
-        if key not in ids:
-            ids[key] = len(tensors)
-            tensors.append({"shape": [int(d) for d in info[0]], "dtype": str(info[1]),
-                            "kind": key[0], "name": "/".join(str(k) for k in key[1:])})
-        return ids[key]
+    tensors: list[dict] = []
+    ids: dict[Ref, int] = {}
+
+    def tid(ref: Ref, info) -> int:
+        if ref not in ids:
+            ids[ref] = len(tensors)
+            name = f"{ref.unit}/{ref.index}" if ref.kind == "unit" else str(ref.index)
+            tensors.append({"shape": [int(d) for d in info[0]], "dtype": str(info[1]), "kind": ref.kind,
+                            "name": name})
+        return ids[ref]
 
     units: dict[str, dict] = {}
     for name, uc in program.calls.items():
@@ -179,18 +183,18 @@ def _tensor_table(program: Program):
         for ref in uc.args:
             if ref.kind == "input":
                 info = program.input_infos[ref.index]
-                args.append(tid(("input", ref.index), (info.shape, info.dtype)))
+                args.append(tid(ref, (info.shape, info.dtype)))
             elif ref.kind == "const":
                 c = program.constants[ref.index]
-                args.append(tid(("const", ref.index), (c.shape, c.dtype)))
+                args.append(tid(ref, (c.shape, c.dtype)))
             elif ref.kind == "unit":
                 info = program.calls[ref.unit].outputs[ref.index]
-                args.append(tid(("unit", ref.unit, ref.index), (info.shape, info.dtype)))
+                args.append(tid(ref, (info.shape, info.dtype)))
             else:
                 raise InteropError(f"unit {name}: a tuple argument cannot be profiled")
-        outs = [tid(("unit", name, k), (o.shape, o.dtype)) for k, o in enumerate(uc.outputs)]
+        outs = [tid(Ref.unit(name, k), (o.shape, o.dtype)) for k, o in enumerate(uc.outputs)]
         units[name] = {"func": uc.func_name, "args": args, "outs": outs}
-    return tensors, units
+    return tensors, units, ids
 
 
 def _build_stage_module(program: Program, stages: list[dict], units: dict, tensors: list[dict], device: str,
@@ -264,7 +268,7 @@ WAVE_SOURCES = ("greedy", "lios")   # the stages whose fused form a bundle holds
 WAVE_UNIT = "__wave{}"
 
 
-def _add_wave_stages(program: Program, stages: list[dict], units: dict, tensors: list[dict], target, notes: list):
+def _add_wave_stages(program: Program, stages: list[dict], units: dict, ids: dict, target, notes: list):
     """For each multi-group stage from :data:`WAVE_SOURCES`, its fused kernel (``passes.wave``) as a unit of its
     own and a ``"wave"`` stage calling it, timed like any stage and keyed ``wave:...`` in the cost table. A stage
     that does not fuse whole is left out (the note says why): the table prices only what the build would run."""
@@ -273,12 +277,7 @@ def _add_wave_stages(program: Program, stages: list[dict], units: dict, tensors:
     from .wave.kernel import build_wave_kernel
     from .wave.lowered import NotFusable
 
-    ids = {(t["kind"], t["name"]): i for i, t in enumerate(tensors)}
-
-    def tensor_of(ref) -> int:
-        key = {"input": ("input", str(ref.index)), "const": ("const", str(ref.index)),
-               "unit": ("unit", f"{ref.unit}/{ref.index}")}[ref.kind]
-        return ids[key]
+    from tvm_interop.runtime.plan import Ref
 
     bb = relax.BlockBuilder(program.mod)
     fused = []
@@ -293,8 +292,8 @@ def _add_wave_stages(program: Program, stages: list[dict], units: dict, tensors:
         k = len(fused)
         gv = bb.add_func(kern.func, f"wave_stage{k}")
         name = WAVE_UNIT.format(k)
-        units[name] = {"func": gv.name_hint, "args": [tensor_of(r) for r in kern.signature.inputs],
-                       "outs": [ids[("unit", f"{u}/{i}")] for u, i in kern.signature.outputs]}
+        units[name] = {"func": gv.name_hint, "args": [ids[r] for r in kern.signature.inputs],
+                       "outs": [ids[Ref.unit(u, i)] for u, i in kern.signature.outputs]}
         fused.append({"groups": [list(g) for g in st["groups"]], "sources": list(st["sources"]), "strategy": "wave",
                       "run": [[name]]})
     log.info("profile bundle: %d fused (wave) stages", len(fused))
@@ -326,10 +325,10 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     from .lower_streams import resolve_stream_count
 
     num_streams = resolve_stream_count(options.max_streams, widest)
-    tensors, units = _tensor_table(program)
+    tensors, units, ids = _tensor_table(program)
     notes: list = []
     if options.wave:
-        program, fused = _add_wave_stages(program, stages, units, tensors, target, notes)
+        program, fused = _add_wave_stages(program, stages, units, ids, target, notes)
         stages = stages + fused
     mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
     if target.kind.name == "cuda":

@@ -306,8 +306,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         # what is saved, and it applies to the original model); the merged program and schedule are what's built
         base = base or program
         prog, run_s = apply_merges(base, s, target=target) if has_merges(s) else (base, s)
-        if wave_stages(s):   # wave fusion, like the merges, rewrites the program that is built
-            prog, run_s, _ = apply_wave_fusion(prog, run_s, target, stages=wave_stages(s))
+        fused_stages = wave_stages(s)
+        if fused_stages:   # wave fusion, like the merges, rewrites the program that is built
+            prog, run_s, _ = apply_wave_fusion(prog, run_s, target, stages=fused_stages)
             s.options["waves"] = run_s.options.get("waves", [])
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,

@@ -209,8 +209,7 @@ class MeasuredCostModel(CostModel):
             compiled = tvm.compile(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}), self.target)
             self._add_kernels(compiled, [name])
             self.merged_builds += 1
-            info = {("in", k): self._ref_info(r) for k, r in enumerate(kern.signature.inputs)}
-            args = tuple(info[("in", k)] for k in range(len(kern.signature.inputs)))
+            args = tuple(self._ref_info(r) for r in kern.signature.inputs)
             outs = tuple((tuple(self.program.calls[u].outputs[i].shape), self.program.calls[u].outputs[i].dtype)
                          for u, i in kern.signature.outputs)
             value = self._timer_ready().time_stage([[KernelCall(name, args, outs)]])

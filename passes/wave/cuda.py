@@ -197,8 +197,8 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
                       S.AttrStmt(tx_iv, "thread_extent", tirx.IntImm(dtype, block), chain))
 
 
-def fuse_cuda(members: list[list[LoweredKernel]], prologue: list, params: list, attrs: dict,
-              target: tvm.target.Target) -> tuple[tirx.PrimFunc, int]:
+def fuse_cuda(members: list[list[LoweredKernel]], prologue: list, params: list,
+              attrs: dict) -> tuple[tirx.PrimFunc, int]:
     """The fused PrimFunc (see the module docstring) and its number of waves (launches)."""
     shared = sum(k.shared_bytes for chain in members for k in chain)
     if shared > STATIC_SHARED_LIMIT:

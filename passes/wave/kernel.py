@@ -57,7 +57,6 @@ class WaveKernel:
     func: tirx.PrimFunc
     signature: WaveSignature
     num_waves: int
-    target_kind: str
 
 
 def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
@@ -122,11 +121,11 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
     if target.kind.name == "cuda":
         from .cuda import fuse_cuda
 
-        func, waves = fuse_cuda(chains, prologue, params, attrs, target)
+        func, waves = fuse_cuda(chains, prologue, params, attrs)
     else:
         from tvm_interop.runtime.cpu_threads import kernel_threads
 
         from .cpu import fuse_cpu
 
         func, waves = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
-    return WaveKernel(func, sig, waves, target.kind.name)
+    return WaveKernel(func, sig, waves)
