@@ -1,6 +1,7 @@
 """Extract the operator graph from a prepared (legalized + fused) Relax module.
 
-Every ``call_tir`` binding of ``main`` becomes a unit. Besides the OpGraph (what schedulers see) we keep a
+Every ``call_tir`` binding of ``main`` becomes a unit, and so does every ``call_dps_packed`` of one of our
+library functions (``passes.offload``: a convolution or dense layer run by cuDNN / cuBLAS). Besides the OpGraph (what schedulers see) we keep a
 ``Program``: for each unit, where each argument comes from (a model input, a constant, or an output of another
 unit), and where the model outputs come from. Lowering and the executors are built from the Program.
 """
@@ -30,6 +31,11 @@ class UnitCall:
     args: list[Ref]
     outputs: list[TensorInfo]
     binding_var: relax.Var = field(repr=False, default=None)
+    params: tuple[int, ...] | None = None   # a library call's integer parameters (``passes.offload``), else None
+
+    @property
+    def is_library(self) -> bool:
+        return self.params is not None
 
 
 @dataclass
@@ -147,6 +153,7 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
     if not isinstance(body, relax.SeqExpr):
         raise UnsupportedModelError("main's body is not a sequence of bindings")
     call_tir_op = tvm.ir.Op.get("relax.call_tir")
+    call_dps_op = tvm.ir.Op.get("relax.call_dps_packed")
     for block in body.blocks:
         for binding in block.bindings:
             if not isinstance(binding, relax.VarBinding):
@@ -156,12 +163,18 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
                 )
             var, value = binding.var, binding.value
             where = f"binding {var.name}"
-            if isinstance(value, relax.Call) and value.op.same_as(call_tir_op):
-                gv = value.args[0]
-                func_name = gv.name_hint
-                if len(value.args) > 2:
-                    raise UnsupportedModelError(f"{where}: call_tir with symbolic shape arguments (dynamic shapes)")
-                args = [ref_of(a, where) for a in value.args[1].fields]
+            library = _library_call(value, call_dps_op)
+            if (isinstance(value, relax.Call) and value.op.same_as(call_tir_op)) or library is not None:
+                lib_params = None
+                if library is not None:
+                    func_name, lib_params, lib_args = library
+                    args = [ref_of(a, where) for a in lib_args]
+                else:
+                    gv = value.args[0]
+                    func_name = gv.name_hint
+                    if len(value.args) > 2:
+                        raise UnsupportedModelError(f"{where}: call_tir with symbolic shape arguments (dynamic shapes)")
+                    args = [ref_of(a, where) for a in value.args[1].fields]
                 outs = _output_infos(value.ty if hasattr(value, "ty") else var.ty, where)
                 uname = var.name
                 k = 1
@@ -169,9 +182,8 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
                     uname = f"{var.name}_{k}"
                     k += 1
                 used_names.add(uname)
-                func = mod[gv]
-                if func_name not in flops_cache:
-                    flops_cache[func_name] = prim_func_flops(func)
+                if library is None and func_name not in flops_cache:
+                    flops_cache[func_name] = prim_func_flops(mod[gv])
                 in_infos = []
                 attrs: dict = {}
                 for i, a in enumerate(args):
@@ -180,7 +192,7 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
                     for src in a.flatten():
                         if src.kind == "unit":
                             edges.add((src.unit, uname))
-                kind = kind_of(func_name)
+                kind = kind_of(func_name) if library is None else _LIBRARY_KINDS[func_name]
                 if args and args[0].kind in ("unit", "input"):
                     attrs["data"] = args[0].describe()
                 if kind in ("conv2d", "conv1d", "conv3d") and len(args) > 1 and args[1].kind == "const":
@@ -189,11 +201,15 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
                     conv = conv_table.get(weight_key(weight)) if kind == "conv2d" else None
                     if conv is not None:
                         attrs["conv"] = conv
+                flops = flops_cache[func_name] if library is None else _library_flops(func_name, in_infos, outs)
+                if library is not None:
+                    attrs["library"] = _LIBRARY_NAMES[func_name]
+                    attrs["library_params"] = list(lib_params)
                 bytes_moved = float(sum(t.nbytes for t in in_infos) + sum(t.nbytes for t in outs))
-                unit = Unit(name=uname, kind=kind, inputs=in_infos, outputs=outs, flops=flops_cache[func_name],
+                unit = Unit(name=uname, kind=kind, inputs=in_infos, outputs=outs, flops=flops,
                             bytes_moved=bytes_moved, func_name=func_name, attrs=attrs)
                 units.append(unit)
-                calls[uname] = UnitCall(uname, func_name, args, outs, var)
+                calls[uname] = UnitCall(uname, func_name, args, outs, var, params=lib_params)
                 env[var] = Ref.unit(uname) if len(outs) == 1 and not isinstance(var.ty, relax.TupleType) \
                     else Ref.tuple([Ref.unit(uname, i) for i in range(len(outs))])
             elif isinstance(value, relax.Call):
@@ -207,6 +223,36 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
     graph = OpGraph(units, edges, name=name)
     return Program(mod=mod, graph=graph, calls=calls, input_names=input_names, input_infos=input_infos,
                    constants=constants, output=output, const_exprs=const_exprs)
+
+
+# The library functions of ``passes.offload`` (kept here as names so that extract needs nothing from offload).
+_LIBRARY_KINDS = {"tvm_interop.cudnn.conv2d": "conv2d", "tvm_interop.cublas.dense": "dense"}
+_LIBRARY_NAMES = {"tvm_interop.cudnn.conv2d": "cudnn", "tvm_interop.cublas.dense": "cublas"}
+
+
+def _library_call(value, call_dps_op):
+    """``(function, params, tensor args)`` of a ``call_dps_packed`` of one of our library functions, else None.
+    Other packed calls in ``main`` are not units (and are refused below)."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(call_dps_op)):
+        return None
+    func = value.args[0]
+    if not isinstance(func, relax.ExternFunc) or str(func.global_symbol) not in _LIBRARY_KINDS:
+        return None
+    fields = list(value.args[1].fields)
+    if not fields or not isinstance(fields[0], relax.ShapeExpr):
+        raise UnsupportedModelError(f"library call {func.global_symbol} without its integer parameters")
+    params = tuple(int(v) for v in fields[0].values)
+    return str(func.global_symbol), params, fields[1:]
+
+
+def _library_flops(func_name: str, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> float:
+    """Multiply-adds x 2 of a library convolution / dense call, from its shapes."""
+    out = outputs[0].shape
+    w = inputs[1].shape
+    if _LIBRARY_KINDS[func_name] == "conv2d":   # out [N, O, OH, OW], w [O, C/g, KH, KW]
+        return 2.0 * float(np.prod(out)) * float(np.prod(w[1:]))
+    k = inputs[0].shape[-1]
+    return 2.0 * float(np.prod(out)) * float(k)
 
 
 def _ref_info(ref: Ref, input_infos, constants, calls) -> TensorInfo:
