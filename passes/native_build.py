@@ -39,6 +39,7 @@ from tvm_interop.runtime.native_libs import (EXTENSION_FUNCTIONS, NATIVE_SOURCE_
 CXX_FLAGS = ["-std=c++17", "-O2", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wall"]
 LINK_FLAGS = ["-shared", "--cudart", "none"]
 
+DEFAULT_TOOLKIT = "/usr/local/cuda"
 _CUDNN_HINT = "pip install nvidia-cudnn-cu13 (headers in site-packages/nvidia/cudnn/include)"
 _CUBLAS_HINT = "pip install nvidia-cublas (headers in site-packages/nvidia/cu13/include)"
 
@@ -61,12 +62,16 @@ def default_cache_dir() -> Path:
     return Path(base) / "native"
 
 
+def _toolkit_roots() -> list[str]:
+    return [b for b in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_TOOLKIT) if b]
+
+
 def find_nvcc() -> str:
     """nvcc on PATH, else in CUDA_HOME / CUDA_PATH / /usr/local/cuda; NativeBuildError when none."""
     found = shutil.which("nvcc")
     if found:
         return found
-    for base in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+    for base in _toolkit_roots():
         cand = os.path.join(base, "bin", "nvcc")
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
@@ -76,6 +81,16 @@ def find_nvcc() -> str:
 
 
 def _cuda_home(nvcc: str) -> Path:
+    """The toolkit nvcc belongs to: its own ``TOP`` (nvcc may be a wrapper script outside the toolkit), else the
+    folder above its real path."""
+    try:
+        proc = subprocess.run([nvcc, "--dryrun", "-x", "c++", "-E", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+        m = re.search(r"^#\$ TOP=(.+)$", proc.stderr + proc.stdout, flags=re.M)
+        if m:
+            return Path(os.path.normpath(m.group(1).strip()))
+    except (OSError, subprocess.SubprocessError):
+        pass
     return Path(os.path.realpath(nvcc)).parent.parent
 
 
@@ -102,8 +117,7 @@ def include_dirs(nvcc: str | None = None) -> dict[str, Path]:
 
     nvcc = nvcc or find_nvcc()
     cuda = _cuda_home(nvcc)
-    toolkit = [cuda / "include"] + [Path(b) / "include" for b in filter(
-        None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"])]
+    toolkit = [cuda / "include"] + [Path(b) / "include" for b in _toolkit_roots()]
     return {
         "cuda": _find_header("cuda_runtime_api.h", toolkit, "CUDA", "install the CUDA 13 toolkit or set CUDA_HOME"),
         "cudnn": _find_header("cudnn.h", _nvidia_include("cudnn") + toolkit, "cuDNN", _CUDNN_HINT),
