@@ -229,6 +229,8 @@ def test_events_refuse_bad_calls(loaded):
     with pytest.raises(ValueError, match="not an event pool handle"):
         _fn("tvm_interop.cuda.event_sync")(0, 0, 0, 0)
     with pytest.raises(ValueError, match="not an event pool handle"):
+        _fn("tvm_interop.cuda.event_sync")(0, 0, None, 12345)   # streams may be ints, opaque pointers or None
+    with pytest.raises(ValueError, match="not an event pool handle"):
         _fn("tvm_interop.cuda.events_free")(0)
 
 

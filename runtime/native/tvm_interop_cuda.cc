@@ -608,6 +608,17 @@ void EventsFree(int64_t handle) {
   CheckCuda(rt, first, "cudaEventDestroy", caller);
 }
 
+// A stream handle as Relax passes it: an int (runtime.Device_StreamCreate's result), an opaque pointer, or None
+// (the legacy default stream).
+cudaStream_t StreamArg(ffi::AnyView value, const char* caller, const char* name) {
+  if (std::optional<int64_t> v = value.try_cast<int64_t>()) {
+    return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(*v));
+  }
+  if (std::optional<void*> p = value.try_cast<void*>()) return static_cast<cudaStream_t>(*p);
+  TVM_FFI_THROW(TypeError) << caller << ": " << name << " must be a stream handle (int or opaque pointer), got "
+                           << value.GetTypeKey();
+}
+
 // Makes dst_stream wait for everything enqueued on src_stream so far.
 //
 // Reusing event k across calls and runs is safe: cudaStreamWaitEvent binds the wait to the most recent
@@ -615,17 +626,17 @@ void EventsFree(int64_t handle) {
 // neither the waits already enqueued nor their completion condition. Since the record and the wait are issued
 // back to back here, every slot is always consistent, whatever k the lowering picks. Both calls are legal under
 // CUDA-graph stream capture (they become a cross-stream dependency of the graph).
-void EventSync(int64_t handle, int64_t k, int64_t src_stream, int64_t dst_stream) {
+void EventSync(int64_t handle, int64_t k, ffi::AnyView src_stream, ffi::AnyView dst_stream) {
   const char* caller = kEventSync;
   EventPool* pool = PoolFromHandle(handle, caller);
   if (k < 0 || k >= pool->count) {
     TVM_FFI_THROW(ValueError) << caller << ": event index " << k << " out of range [0, " << pool->count << ")";
   }
-  if (src_stream == dst_stream) return;  // one stream is already ordered
+  const cudaStream_t src = StreamArg(src_stream, caller, "src_stream");
+  const cudaStream_t dst = StreamArg(dst_stream, caller, "dst_stream");
+  if (src == dst) return;  // one stream is already ordered
   const CudartApi& rt = Cudart().Get(caller);
   DeviceGuard guard(rt, pool->device, caller);
-  auto src = reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(src_stream));
-  auto dst = reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(dst_stream));
   TVM_INTEROP_CUDA_CALL(rt, caller, cudaEventRecord, pool->events[k], src);
   TVM_INTEROP_CUDA_CALL(rt, caller, cudaStreamWaitEvent, dst, pool->events[k], 0);
 }
