@@ -13,6 +13,7 @@ import time
 import tvm
 from tvm import relax
 
+from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.model import CONSTANTS_FUNC, PLAN_FUNC
 from tvm_interop.runtime.plan import ExecutionPlan
 
@@ -74,6 +75,16 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
 
     if is_cuda:
         arches = list(cuda_arches) if cuda_arches else requested_arches(target)
+    library_units = {name: {"func": uc.func_name, "params": list(uc.params)}
+                     for name, uc in program.calls.items() if uc.is_library}
+    if library_units:
+        if not is_cuda:
+            raise InteropError(f"{len(library_units)} unit(s) run as cuDNN/cuBLAS calls, which need a CUDA target, "
+                               f"not {target.kind.name}")
+        from .offload import ensure_extension
+
+        plan.meta["native_extension"] = ensure_extension()
+        plan.meta["library_units"] = library_units
     refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
 
     def graph_ok(low):

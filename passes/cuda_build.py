@@ -112,7 +112,7 @@ def _graph_check(mod: tvm.IRModule, fname: str, strict: bool = True) -> tuple[bo
         if name == "relax.call_builtin_with_ctx" and isinstance(c.args[0], relax.ExternFunc) \
                 and str(c.args[0].global_symbol) == RUN_OR_CAPTURE:
             captures.append(c)
-        elif name.startswith("runtime.Device_"):
+        elif name.startswith(("runtime.Device_", "tvm_interop.")):   # stream calls, events, library units
             stray.append(name)
         elif isinstance(c.op, relax.GlobalVar) and isinstance(mod[c.op], tvm.tirx.PrimFunc) \
                 and COPY_FUNC not in name:

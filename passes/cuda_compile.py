@@ -227,8 +227,10 @@ def blob_as_c(blob: bytes) -> str:
             "#ifdef __cplusplus\n}\n#endif\n")
 
 
-def export_cuda_library(library, path: str, arches: list[str]) -> None:
-    """Export a CUDA executable with fatbins (one cubin per arch) instead of CUDA source (atomic write)."""
+def export_cuda_library(library, path: str, arches: list[str], addons: list[str] | None = None) -> None:
+    """Export a CUDA executable with fatbins (one cubin per arch) instead of CUDA source (atomic write).
+    ``addons``: object files linked into the library (the native extension of library units: its functions
+    register when the ``.so`` is loaded, so a deployed model needs no other file of ours)."""
     import tvm_ffi
 
     from tvm_interop.runtime.model import export_library
@@ -245,7 +247,11 @@ def export_cuda_library(library, path: str, arches: list[str]) -> None:
             f.write(blob_as_c(with_binary_cuda_modules(blob, arches, sources)))
         return path_c
 
-    export_library(library, path, fpack_imports=pack_imports)
+    missing = [a for a in addons or [] if not os.path.exists(a)]
+    if missing:
+        raise InteropError(f"cannot export: the native extension object {missing[0]} is gone (it was built with the "
+                           "model, in the tvm-interop cache); compile the model again on this machine")
+    export_library(library, path, fpack_imports=pack_imports, **({"addons": list(addons)} if addons else {}))
 
 
 # ---------------------------------------------------------------------------------------------- inspection

@@ -144,6 +144,9 @@ def mergeable(units, program=None) -> MergeCheck:
     for u in us:
         if u.kind != "conv2d":
             return MergeCheck(False, f"{u.name} is a {u.kind}, not a conv2d")
+        if u.attrs.get("library"):
+            return MergeCheck(False, f"{u.name} runs as a {u.attrs['library']} library call (merge builds TVM "
+                                     "kernels)")
         conv = u.attrs.get("conv")
         if not conv:
             return MergeCheck(False, f"{u.name}: convolution attributes unknown (weight not a constant?)")

@@ -450,6 +450,19 @@ def apply_offload(program: Program, report: OffloadReport) -> Program:
     return new_program
 
 
+def ensure_extension() -> dict:
+    """Build (or take from the cache) the native extension and load it into this process, so that an in-process
+    VM finds the library functions; returns what the plan records (``plan.meta["native_extension"]``): the
+    object file that :func:`passes.cuda_compile.export_cuda_library` links into the exported ``.so``."""
+    from tvm_interop.runtime.native_libs import load_extension
+
+    from .native_build import build_extension
+
+    ext = build_extension()
+    load_extension(ext.shared_path)
+    return {"object": ext.object_path, "source_hash": ext.source_hash, "functions": list(ext.functions)}
+
+
 def offload(program: Program, units: str = "cudnn", tf32: bool = False,
             measured: "dict[str, tuple[float, float]] | None" = None) -> tuple[Program, OffloadReport]:
     """:func:`plan_offload` then :func:`apply_offload`."""

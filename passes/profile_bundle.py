@@ -194,6 +194,8 @@ def _tensor_table(program: Program):
                 raise InteropError(f"unit {name}: a tuple argument cannot be profiled")
         outs = [tid(Ref.unit(name, k), (o.shape, o.dtype)) for k, o in enumerate(uc.outputs)]
         units[name] = {"func": uc.func_name, "args": args, "outs": outs}
+        if uc.is_library:   # a cuDNN / cuBLAS call (passes.offload): its integer parameters come first
+            units[name]["params"] = list(uc.params)
     return tensors, units, ids
 
 
@@ -233,8 +235,11 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
                 bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
             for u in g:
                 spec = units[u]
-                gv = prim_gvs[spec["func"]]
-                bb.emit(relax.Call(gv, [params[t] for t in spec["args"] + spec["outs"]]), name_hint=u)
+                tensor_args = [params[t] for t in spec["args"] + spec["outs"]]
+                if "params" in spec:
+                    bb.emit(em.packed(spec["func"], relax.ShapeExpr(spec["params"]), *tensor_args), name_hint=u)
+                else:
+                    bb.emit(relax.Call(prim_gvs[spec["func"]], tensor_args), name_hint=u)
         if concurrent:
             bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
             for s in used_s:
@@ -339,7 +344,12 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     os.makedirs(out_dir, exist_ok=True)
     from tvm_interop.runtime.model import export_library
 
-    export_library(ex, os.path.join(out_dir, LIBRARY))
+    addons = {}
+    if any("params" in spec for spec in units.values()):   # library units: link the native extension in
+        from .offload import ensure_extension
+
+        addons = {"addons": [ensure_extension()["object"]]}
+    export_library(ex, os.path.join(out_dir, LIBRARY), **addons)
     plan = {
         "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "model": graph.name,
         "graph_fingerprint": graph.fingerprint(), "target": target_text(target),

@@ -46,6 +46,9 @@ from tvm_interop.runtime.errors import InteropError
 
 MAIN_STREAM = "main"
 GET_CACHED_ALLOC = "vm.builtin.cuda_graph.get_cached_alloc"
+# Extern calls that are device work (``passes.offload``'s library units) and the reused-event sync of the lowering.
+LIBRARY_KERNELS = ("tvm_interop.cudnn.conv2d", "tvm_interop.cublas.dense")
+EVENT_SYNC_FUNC = "tvm_interop.cuda.event_sync"
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 PAGE = 4096  # the pooled allocator's rounding
 
@@ -301,6 +304,10 @@ class _Replay:
                 self.cur = self.stream_key(value.args[1])
             elif sym == "runtime.Device_StreamSyncFromTo":
                 self.sync(self.stream_key(value.args[1]), self.stream_key(value.args[2]))
+            elif sym == EVENT_SYNC_FUNC:   # (events, k, src, dst): the reused-event form of the same sync
+                self.sync(self.stream_key(value.args[2]), self.stream_key(value.args[3]))
+            elif sym in LIBRARY_KERNELS:   # a cuDNN / cuBLAS unit: device work on the current stream
+                self.issue(sym, value.args)
             elif sym == "runtime.Device_StreamCreate":
                 self.env[var] = _Stream(("created", var.name, pos))
             return

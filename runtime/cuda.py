@@ -197,3 +197,23 @@ def has_function(vm, name: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - the VM raises when the function is missing
         return False
+
+
+def check_library_units(meta: dict) -> None:
+    """Before a model with cuDNN / cuBLAS units runs: make the NVIDIA libraries findable (pip's ``nvidia/*/lib``
+    folders) and check that the extension's functions are registered (they register when the exported ``.so``,
+    which links the extension in, is loaded). Raises DeviceError naming what is missing."""
+    import tvm_ffi
+
+    from .native_libs import preload_cuda_libraries
+
+    native = meta.get("native_extension") or {}
+    wanted = sorted({u["func"] for u in (meta.get("library_units") or {}).values()})
+    preload_cuda_libraries()
+    missing = [f for f in wanted if tvm_ffi.get_global_func(f, allow_missing=True) is None]
+    if missing:
+        raise DeviceError(
+            f"this model runs {len(meta.get('library_units') or {})} unit(s) as cuDNN/cuBLAS calls, but "
+            f"{', '.join(missing)} is not registered: the tvm-interop native extension "
+            f"(source {native.get('source_hash', '?')}) was not linked into this library or not loaded; export the "
+            "model with CompiledModel.export / tvm-interop compile -o, which links it in")

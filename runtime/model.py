@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from .cpu_features import check_cpu_features
-from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda_device, ensure_cuda_runtime,
+from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda_device, check_library_units,
+                   ensure_cuda_runtime,
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
 from .plan import ExecutionPlan
@@ -88,6 +89,8 @@ class ScheduledModel:
                 raise ExportError(f"this library is not a tvm-interop model (no {PLAN_FUNC}): {e}") from None
             plan = ExecutionPlan.loads(str(plan_fn()))
         self.plan = plan
+        if plan.meta.get("library_units"):   # cuDNN / cuBLAS units: libraries findable, extension registered
+            check_library_units(plan.meta)
         if device_kind == "cuda" and self._device is not None:  # the device was needed to read the plan
             check_arch(plan.meta.get("cuda_arches") or [], self._device)
         if device_kind == "cpu":

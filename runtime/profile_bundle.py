@@ -105,6 +105,10 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
         lib = tvm.runtime.load_module(lib_path)
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"{lib_path}: cannot load ({str(e).splitlines()[0] if str(e) else e})") from None
+    if any("params" in spec for spec in plan.get("units", {}).values()):
+        from .native_libs import preload_cuda_libraries
+
+        preload_cuda_libraries()   # cuDNN / cuBLAS units: the NVIDIA libraries from pip's nvidia/*/lib folders
     rng = np.random.default_rng(0)
     tensors = plan["tensors"]
     cache: dict[int, object] = {}

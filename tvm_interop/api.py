@@ -74,6 +74,7 @@ class CompiledModel:
     max_streams: int = 8
     guard: object = None  # passes.guard.GuardResult when the never-slower guard ran
     memory: object = None  # passes.memory_bound.MemoryReport (activation bytes vs sequential, bound applied)
+    offload: object = None  # passes.offload.OffloadReport: units run as cuDNN / cuBLAS calls, the others and why
     # what was lowered and built: ``program``/``schedule`` with merge stages applied (passes.merge); the same
     # objects as ``program``/``schedule`` when the schedule has no merge stage
     built_program: object = field(default=None, repr=False)
@@ -92,7 +93,8 @@ class CompiledModel:
         if arches:
             from tvm_interop.passes.cuda_compile import export_cuda_library
 
-            export_cuda_library(self.runner.library, path, arches)
+            native = self.plan.meta.get("native_extension")
+            export_cuda_library(self.runner.library, path, arches, addons=[native["object"]] if native else None)
         else:
             self.runner.export(path)
 
@@ -127,7 +129,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             guard_repeat: int = 15, cuda_graph: bool | None = None, max_memory_ratio: float | None = 1.5,
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
             tuning_db: str | None = None, candidates: bool | None = None,
-            cuda_arch: "str | list[str] | None" = None, fleet=None, fusion: str | None = None) -> CompiledModel:
+            cuda_arch: "str | list[str] | None" = None, fleet=None, fusion: str | None = None,
+            units: str = "tvm", tf32: bool = False) -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -162,6 +165,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``fleet``: a started ``passes.fleet.Fleet`` (devices behind an RPC tracker): timed costs (``measured``,
     ``learned``) time their stages on its devices, and the never-slower guard runs there (on by default with a
     fleet), instead of on this machine.
+    ``units`` (CUDA): ``"tvm"`` (default: every unit is a TVM kernel), ``"cudnn"`` (every convolution and dense
+    layer that cuDNN / cuBLAS can compute exactly runs as a library call through our native extension, linked
+    into the exported library; ``passes.offload``), ``"auto"`` (per unit, whichever a device measurement says is
+    faster; without one, the library call). Units left to TVM, and why, are in ``.offload``. ``tf32``: let the
+    library calls use TF32 tensor cores (PyTorch's default for convolutions; fp32 results then differ from TVM's
+    by ~1e-3 relative).
     """
     from tvm_interop.passes.build import build_library
     from tvm_interop.passes.lower import make_plan
@@ -174,6 +183,11 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     if fusion not in FUSIONS:
         raise InteropError(f"unknown fusion {fusion!r}; choose one of {', '.join(repr(f) for f in FUSIONS)}")
     fusion = None if fusion == "none" else fusion
+    from tvm_interop.passes.offload import UNIT_CHOICES, offload
+
+    if units not in UNIT_CHOICES:
+        raise InteropError(f"unknown units {units!r}; choose one of {', '.join(UNIT_CHOICES)}")
+    offload_report = None
     timings: dict = {}
     t0 = time.perf_counter()
     kw = {"name": name} if name and not isinstance(model, str) else {}
@@ -193,6 +207,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         target_text = f"cuda -arch={','.join(arches)}"
     elif cuda_arch:
         raise InteropError(f"cuda_arch={cuda_arch!r} needs a CUDA target, not {target_text!r}")
+    if units != "tvm" and _target_device_kind(normalize_target(target)) != "cuda":
+        raise InteropError(f"units={units!r} runs convolutions with cuDNN / cuBLAS, which needs a CUDA target, not "
+                           f"{target_text!r}")
     target = normalize_target(target)
     device_kind = _target_device_kind(target)
     if cuda_graph is None:
@@ -216,6 +233,10 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             t_db = time.perf_counter()
             p = dataclasses.replace(p, mod=apply_database(p.mod, target, tuning_db))
             timings["tuning_db"] = timings.get("tuning_db", 0.0) + time.perf_counter() - t_db
+        if units != "tvm":   # library units: cuDNN / cuBLAS calls in place of the TVM kernels they equal
+            nonlocal offload_report
+            p, offload_report = offload(p, units=units, tf32=tf32)
+            log.info("%s", offload_report.summary())
         return p
 
     t = time.perf_counter()
@@ -369,7 +390,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
              sched.scheduler, timings["total"])
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
-                         built_schedule=built["schedule"])
+                         built_schedule=built["schedule"], offload=offload_report)
 
 
 FUSIONS = (None, "none", "wave")

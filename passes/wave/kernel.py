@@ -61,7 +61,11 @@ class WaveKernel:
 
 def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
     """The unit's kernel, scheduled as the build would schedule it, lowered and split into nests."""
-    func = program.mod[program.calls[unit].func_name]
+    call = program.calls[unit]
+    if call.is_library:   # an extern call (cuDNN / cuBLAS) has no TIR to interleave
+        raise NotFusable(f"{unit} runs as a library call ({call.func_name}), an extern call that cannot share a "
+                         "kernel", unit=unit)
+    func = program.mod[call.func_name]
     if target.kind.name == "cuda":
         from .cuda import schedule_for_cuda, split_cuda, sync_passes
 

@@ -29,6 +29,12 @@ def register(sub) -> None:
     p.add_argument("--wave-fusion", action="store_true",
                    help="compile each concurrent stage that the cost model prices faster fused into one kernel "
                         "(Rammer's wave fusion: one parallel region per wave on a CPU, one launch on a GPU)")
+    p.add_argument("--units", default="tvm", choices=["tvm", "cudnn", "auto"],
+                   help="CUDA: run convolutions / dense layers as TVM kernels (tvm, default) or as cuDNN / cuBLAS "
+                        "calls (cudnn: every one the libraries compute exactly; auto: per unit, the faster by "
+                        "device measurement, else the library); the summary lists the units left to TVM and why")
+    p.add_argument("--tf32", action="store_true",
+                   help="let cuDNN / cuBLAS units use TF32 tensor cores (PyTorch's default for convolutions)")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
@@ -64,7 +70,7 @@ def run(args) -> int:
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
-                                 fusion="wave" if args.wave_fusion else None)
+                                 fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32)
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
@@ -86,6 +92,7 @@ def run(args) -> int:
         "fleet": fleet_report,
         "wave_fusion": _wave_summary(s),
         "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
+        "library_units": None if cm.offload is None else cm.offload.to_json(),
     }
     if args.json:
         print_json(summary)
@@ -104,6 +111,14 @@ def run(args) -> int:
             print(f"shipped: {s.scheduler}{rejected}: {summary['shipped_because']}")
         if fleet_report is not None:
             print(fleet_line(fleet_report))
+        if cm.offload is not None:
+            print(cm.offload.summary())
+            reasons: dict[str, int] = {}
+            for why in cm.offload.refused.values():
+                short = why.split(": ", 1)[-1]
+                reasons[short] = reasons.get(short, 0) + 1
+            for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]:
+                print(f"  left to TVM ({n}): {why}")
         if summary["wave_fusion"] is not None:
             wf = summary["wave_fusion"]
             print(f"wave fusion: {wf['fused']} of {wf['fusable']} concurrent stage(s) fused into one kernel each "
