@@ -66,6 +66,7 @@ class ScheduledModel:
         self._streams: StreamSet | None = None
         self._entry: tuple[str, bool] | None = None
         self._graph_failed: str | None = None
+        self._warmed: set[str] = set()   # graph functions whose direct twin ran once (library units, see run)
         self._stream_sets: dict[str, StreamSet] = {}
         self.pick_report = None
         self._executor_name = executor or ("threads" if device_kind == "cpu" else "vm")
@@ -243,6 +244,14 @@ class ScheduledModel:
                 for x in inputs]
         name, with_streams = self._entry_point(vm)
         extra = [self._streams.handles] if with_streams else []
+        if name.endswith(MAIN_GRAPH_FUNC) and name not in self._warmed and self.plan.meta.get("library_units"):
+            # cuDNN / cuBLAS units choose algorithms (timed runs) and create handles and workspaces on first use;
+            # none of that may happen inside a CUDA-graph capture, so the direct program runs once first
+            direct = name[: -len(MAIN_GRAPH_FUNC)] + MAIN_FUNC
+            if vm.module.implements_function(direct):
+                vm[direct](*args, *extra)
+                dev.sync()
+            self._warmed.add(name)
         try:
             out = vm[name](*args, *extra)
         except Exception as e:  # noqa: BLE001

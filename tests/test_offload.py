@@ -203,3 +203,55 @@ def test_auto_follows_device_measurements():
     others = set(every) - {a, b}
     assert others <= set(report.offloaded)
     assert all("no device measurement" in report.chosen_by[u] for u in others)
+
+
+def _extension_missing() -> str | None:
+    from tvm_interop.passes import native_build
+
+    try:
+        native_build.include_dirs(native_build.find_nvcc())
+        return None
+    except native_build.NativeBuildError as e:
+        return str(e)
+
+
+def test_exported_cudnn_model_carries_the_extension(tmp_path):
+    """The thing that ships: a CUDA compile with units='cudnn' (graph variant captured whole, memory checked as
+    built) exported to a .so that, in a runtime-only process, registers the library functions on load and
+    refuses to run here with a clear 'no CUDA device'."""
+    from runtime_only import assert_runtime_only, runtime_only_env
+
+    missing = _extension_missing()
+    if missing:
+        pytest.skip(f"cannot build the native extension here: {missing}")
+    cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="greedy", units="cudnn",
+                             **small_config("squeezenet"))
+    meta = cm.plan.meta
+    assert len(meta["library_units"]) == len(cm.offload.offloaded) > 0
+    assert meta["cuda_graph"] and meta["memory_check"].startswith("as-built")
+    assert set(meta["native_extension"]["functions"]) >= {CONV2D_FUNC, "tvm_interop.cuda.event_sync"}
+    path = str(tmp_path / "sq.so")
+    cm.export(path)
+    env, log = runtime_only_env(tmp_path)
+    child = textwrap.dedent(f'''
+        import json, tvm, tvm_ffi
+        try:
+            tvm.runtime.load_module({path!r})   # no CUDA driver here: fails after the library was loaded
+        except Exception:
+            pass
+        found = [n for n in {[CONV2D_FUNC, "tvm_interop.cuda.event_sync"]!r}
+                 if tvm_ffi.get_global_func(n, allow_missing=True) is not None]
+        from tvm_interop import runtime
+        try:
+            runtime.load({path!r})
+            error = None
+        except Exception as e:
+            error = type(e).__name__ + ": " + str(e)
+        print(json.dumps({{"found": found, "error": error}}))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["found"] == [CONV2D_FUNC, "tvm_interop.cuda.event_sync"]
+    assert out["error"].startswith("DeviceError") and "no CUDA device" in out["error"]
+    assert_runtime_only(log, 1)
