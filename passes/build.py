@@ -45,7 +45,7 @@ def attach_runtime_payload(mod: tvm.IRModule, program: Program, plan: ExecutionP
 def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                   target: "str | tvm.target.Target" = "llvm", max_streams: int = 8, mode: str | None = None,
                   cuda_graph: bool = False, check_memory: bool = True, candidates: bool | None = None,
-                  cuda_arches: list[str] | None = None):
+                  cuda_arches: list[str] | None = None, sync: str = "tvm"):
     """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
 
     CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
@@ -54,7 +54,9 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     unsafe program. ``candidates`` (default: on for GPU targets): the library also carries the other
     synchronisation mode and sequential, each direct and as a CUDA graph, for the runtime to pick from by
     measurement (``passes.candidates``, ``runtime.picker``). ``cuda_arches``: the arches the kernels are compiled
-    for (default: the target's), recorded for the runtime's arch check. What was decided (streams, CUDA graph and why not,
+    for (default: the target's), recorded for the runtime's arch check. ``sync="events"`` (CUDA): streams are
+    ordered with events reused for the life of the loaded model (the native extension, linked into the export)
+    instead of TVM's per-call event. What was decided (streams, CUDA graph and why not,
     the candidates, the memory check) is recorded in ``plan.meta`` before the plan is embedded.
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
@@ -77,14 +79,17 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
         arches = list(cuda_arches) if cuda_arches else requested_arches(target)
     library_units = {name: {"func": uc.func_name, "params": list(uc.params)}
                      for name, uc in program.calls.items() if uc.is_library}
-    if library_units:
+    events = is_cuda and sync == "events"
+    if library_units or events:
         if not is_cuda:
             raise InteropError(f"{len(library_units)} unit(s) run as cuDNN/cuBLAS calls, which need a CUDA target, "
                                f"not {target.kind.name}")
         from .offload import ensure_extension
 
         plan.meta["native_extension"] = ensure_extension()
-        plan.meta["library_units"] = library_units
+        if library_units:
+            plan.meta["library_units"] = library_units
+    plan.meta["sync"] = "events" if events else "tvm"
     refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
 
     def graph_ok(low):
@@ -97,7 +102,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
 
     def lower_all():
         return lower_variants(program, schedule, target, max_streams, mode, cuda_graph, candidates,
-                              graph_ok if is_cuda else None)
+                              graph_ok if is_cuda else None, sync=sync if is_cuda else "tvm")
 
     variants = lower_all()
     checked = MemoryCheckResult()

@@ -67,7 +67,7 @@ def sequential_schedule(schedule: Schedule) -> Schedule:
 
 
 def lower_variants(program: Program, schedule: Schedule, target, max_streams: int, mode: str, cuda_graph: bool,
-                   with_alternatives: bool, graph_ok=None) -> list[Variant]:
+                   with_alternatives: bool, graph_ok=None, sync: str = "tvm") -> list[Variant]:
     """The primary lowering (unprefixed: ``main`` runs it) and, with ``with_alternatives``, the other mode and
     sequential. ``graph_ok(lowered) -> (bool, reason)`` decides whether a graph variant is kept (a lowering whose
     graph cannot be captured is redone without it)."""
@@ -76,12 +76,12 @@ def lower_variants(program: Program, schedule: Schedule, target, max_streams: in
 
     def lower(sched, m, prefix, index) -> Lowered:
         low = lower_program(program, sched, target, max_streams=max_streams, mode=m, cuda_graph=cuda_graph,
-                            prefix=prefix, stream_cache_index=index)
+                            prefix=prefix, stream_cache_index=index, sync=sync)
         if low.cuda_graph and graph_ok is not None:
             ok, why = graph_ok(low)
             if not ok:
                 low = lower_program(program, sched, target, max_streams=max_streams, mode=m, cuda_graph=False,
-                                    prefix=prefix, stream_cache_index=index)
+                                    prefix=prefix, stream_cache_index=index, sync=sync)
                 low.cuda_graph_reason = why
         return low
 

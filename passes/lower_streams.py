@@ -72,6 +72,13 @@ MODES = ("stage", "dependency")
 KEEPALIVE_CHUNK = 16      # tensors per keep-alive call
 
 SYNC = "runtime.Device_StreamSyncFromTo"
+# Reused events (``sync="events"``, CUDA): a pool of events created once per loaded model by the native extension
+# (``runtime/native``), one per source stream; ``event_sync(pool, k, src, dst)`` records event k on src and makes dst
+# wait for it. TVM's SYNC creates and destroys an event on every call.
+SYNC_MODES = ("tvm", "events")
+EVENTS_CREATE = "tvm_interop.cuda.events_create"
+EVENTS_FREE = "tvm_interop.cuda.events_free"
+EVENT_SYNC = "tvm_interop.cuda.event_sync"
 SET = "runtime.Device_SetStream"
 CREATE = "runtime.Device_StreamCreate"
 FREE = "runtime.Device_StreamFree"
@@ -440,6 +447,7 @@ class Lowered:
     cuda_graph: bool
     cuda_graph_reason: str | None = None
     prefix: str = ""
+    sync: str = "tvm"      # what orders the streams: TVM's per-call event, or the reused events ("events")
 
     @property
     def graph_function(self) -> str:
@@ -450,9 +458,15 @@ class Lowered:
 class ProgramEmitter:
     """Shared state of one lowering: the BlockBuilder and the helper functions added to it."""
 
-    def __init__(self, program: Program, device: str, lift_constants: bool = False, prefix: str = ""):
+    def __init__(self, program: Program, device: str, lift_constants: bool = False, prefix: str = "",
+                 sync: str = "tvm"):
+        if sync not in SYNC_MODES:
+            raise InteropError(f"unknown sync {sync!r}; use one of {SYNC_MODES}")
+        if sync == "events" and device != "cuda":
+            raise InteropError(f"sync='events' uses CUDA events; the target device is {device}")
         self.program = program
         self.device = device
+        self.sync = sync
         self.lift = lift_constants
         self.prefix = prefix
         self.dev = _str(f"{device}:0")
@@ -495,7 +509,7 @@ class ProgramEmitter:
         params = [relax.Var(p.name, p.ty) for p in old_main.params]
         const_params = self.const_params()
         const_of = {_const_key(c): v for c, v in zip(program.const_exprs, const_params)}
-        stream_ty = relax.TupleType([tvm.ir.PrimType("int64")] * n_streams)
+        stream_ty = relax.TupleType([tvm.ir.PrimType("int64")] * self.handle_count(n_streams))
         streams_param = relax.Var("streams", stream_ty)
         var_map: dict[relax.Var, relax.Expr] = {}
         unit_var: dict[str, relax.Var] = {}
@@ -542,12 +556,17 @@ class ProgramEmitter:
             cur_type = DL_DEVICE_TYPE.get(self.device, 1)
             main_s = bb.emit(relax.Call(self.current_stream_gv(), [i32_value(cur_type), i32_value(0)]), name_hint="main_stream")
             svars = [bb.emit(relax.TupleGetItem(streams_param, k), name_hint=f"stream{k}") for k in range(n_streams)]
+            events = bb.emit(relax.TupleGetItem(streams_param, n_streams), name_hint="events") \
+                if self.uses_events(n_streams) else None
 
             def sv(s: int):
                 return main_s if s == MAIN else svars[s]
 
             for o in sp.ops:
-                if o.kind == "sync":
+                if o.kind == "sync" and events is not None:   # event k belongs to source stream k (MAIN: the last)
+                    k = n_streams if o.a == MAIN else o.a
+                    bb.emit(self.packed(EVENT_SYNC, events, _i64(k), sv(o.a), sv(o.b)), name_hint="event")
+                elif o.kind == "sync":
                     bb.emit(self.packed(SYNC, self.dev, sv(o.a), sv(o.b)), name_hint="event")
                 elif o.kind == "set":
                     bb.emit(self.packed(SET, self.dev, sv(o.a)), name_hint="switch")
@@ -575,18 +594,32 @@ class ProgramEmitter:
         return bb.get().get_global_var(self.prefix + name)
 
     # -------------------------------------------------------------- stream set and the public main
+    def uses_events(self, n_streams: int) -> bool:
+        return self.sync == "events" and n_streams > 0
+
+    def handle_count(self, n_streams: int) -> int:
+        """Handles the scheduled function takes: its streams, then the event pool when it uses reused events."""
+        return n_streams + (1 if self.uses_events(n_streams) else 0)
+
     def emit_stream_funcs(self, n: int):
+        """``__tvm_interop_streams()`` creates the handles once per loaded model (streams, then the event pool: one
+        event per stream and one for the caller's stream); ``__tvm_interop_free_streams`` frees them."""
         bb = self.bb
         ty = tvm.ir.PrimType("int64")
         with bb.function(self.prefix + STREAMS_FUNC, [], pure=False):
             hs = [bb.emit(self.packed(CREATE, self.dev, ty=ty), name_hint=f"stream{k}") for k in range(n)]
+            if self.uses_events(n):
+                hs.append(bb.emit(self.packed(EVENTS_CREATE, _i64(0), _i64(n + 1), ty=ty), name_hint="events"))
             out = bb.emit(relax.Tuple(hs), name_hint="streams")
             bb.emit_func_output(out)
-        streams = relax.Var("streams", relax.TupleType([ty] * n))
+        streams = relax.Var("streams", relax.TupleType([ty] * self.handle_count(n)))
         with bb.function(self.prefix + FREE_STREAMS_FUNC, [streams], pure=False):
             for k in range(n):
                 s = bb.emit(relax.TupleGetItem(streams, k), name_hint=f"stream{k}")
                 bb.emit(self.packed(FREE, self.dev, s), name_hint="freed")
+            if self.uses_events(n):
+                ev = bb.emit(relax.TupleGetItem(streams, n), name_hint="events")
+                bb.emit(self.packed(EVENTS_FREE, ev), name_hint="freed")
             bb.emit_func_output(relax.Tuple([]))
         return bb.get().get_global_var(self.prefix + STREAMS_FUNC)
 
@@ -594,14 +627,14 @@ class ProgramEmitter:
         bb = self.bb
         old_main = self.old_main
         params = [relax.Var(p.name, p.ty) for p in old_main.params] + self.const_params()
-        ty = relax.TupleType([tvm.ir.PrimType("int64")] * n)
+        ty = relax.TupleType([tvm.ir.PrimType("int64")] * self.handle_count(n))
         with bb.function(self.prefix + "main", params, pure=False):
             if gpu:
                 streams = bb.emit(relax.op.call_builtin_with_ctx(
                     "vm.builtin.cuda_graph.get_cached_alloc", relax.Tuple([streams_gv, _i64(cache_index)]),
                     ty_args=[ty]), name_hint="streams")
             else:
-                streams = relax.Tuple([_i64(0)] * n)
+                streams = relax.Tuple([_i64(0)] * self.handle_count(n))
             out = bb.emit(relax.Call(target_gv, params + [streams]), name_hint="result")
             bb.emit_func_output(out)
 
@@ -647,13 +680,15 @@ def _rebuild(expr, leaves: list):
 def lower_program(program: Program, schedule: Schedule, target: "str | tvm.target.Target" = "llvm",
                   max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
                   keep_alive: bool = True, lift_constants: bool = False, prefix: str = "",
-                  stream_cache_index: int = STREAM_CACHE_INDEX) -> Lowered:
+                  stream_cache_index: int = STREAM_CACHE_INDEX, sync: str = "tvm") -> Lowered:
     """Lower ``schedule`` into the functions described in the module docstring. ``keep_alive=False`` leaves out
     the lifetime extension (deliberately unsafe; only for testing the memory checker). ``lift_constants``: the
     model's constants become parameters after the inputs (``main(*inputs, *weights)``; used by the GPU check, whose
     libraries must not carry the weights). ``prefix`` is put before every function name the lowering adds (several
     schedules of one model in one library); each such lowering needs its own ``stream_cache_index`` (the key of its
-    stream set in the VM's per-VM cache, used by its ``main``)."""
+    stream set in the VM's per-VM cache, used by its ``main``). ``sync``: ``"tvm"`` (TVM's
+    ``Device_StreamSyncFromTo``: an event created and destroyed per call) or ``"events"`` (CUDA: reused events of
+    the native extension, created with the streams; see :data:`SYNC_MODES`)."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
     schedule.validate(program.graph)
@@ -665,7 +700,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         reason = f"CUDA graphs need a CUDA target (target device is {dev_kind})"
         log.warning("cuda_graph requested but not used: %s", reason)
         cuda_graph = False
-    em = ProgramEmitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix)
+    em = ProgramEmitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix, sync=sync)
     programs = {MAIN_FUNC: plan_streams(program, schedule, mode, n, staged_io=False, keep_alive=keep_alive)}
     impl = em.emit_scheduled(MAIN_FUNC, programs[MAIN_FUNC], staged=False, n_streams=n)
     target_gv = impl
@@ -684,7 +719,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         funcs[gv] = f
     new_mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return Lowered(mod=new_mod, programs=programs, num_streams=n, mode=mode, device=dev_kind, cuda_graph=cuda_graph,
-                   cuda_graph_reason=reason, prefix=prefix)
+                   cuda_graph_reason=reason, prefix=prefix, sync=sync if em.uses_events(n) else "tvm")
 
 
 def lift_main_constants(program: Program, name: str = "main") -> tvm.IRModule:

@@ -162,8 +162,10 @@ class StreamSet:
     """The streams of one loaded model: created once (``__tvm_interop_streams``), reused by every run, freed on
     ``close``. ``handles`` is what ``__tvm_interop_main`` takes as its last argument."""
 
-    def __init__(self, vm, device=None, create: str = STREAMS_FUNC, free: str = FREE_STREAMS_FUNC):
+    def __init__(self, vm, device=None, create: str = STREAMS_FUNC, free: str = FREE_STREAMS_FUNC,
+                 events: bool = False):
         self._vm = vm
+        self.events = events
         self._device = device
         self._free = free
         self.handles = vm[create]()
@@ -171,7 +173,8 @@ class StreamSet:
 
     @property
     def count(self) -> int:
-        return len(self.handles)
+        """The number of streams (a model lowered with reused events carries its event pool as a last handle)."""
+        return max(0, len(self.handles) - (1 if self.events else 0))   # (sequential: none)
 
     def close(self) -> None:
         if self._closed:

@@ -144,7 +144,8 @@ class ScheduledModel:
         key = cand["streams_function"]
         if key not in self._stream_sets:
             self._stream_sets[key] = StreamSet(vm, self.device() if self.device_kind != "cpu" else None,
-                                               create=key, free=cand["free_streams_function"])
+                                               create=key, free=cand["free_streams_function"],
+                                               events=self.plan.meta.get("sync") == "events")
         return self._stream_sets[key]
 
     # ------------------------------------------------------------------ properties
@@ -185,7 +186,8 @@ class ScheduledModel:
                 name, self._streams = self._candidate_entry(vm)
                 self._entry = (name, True)
             elif vm.module.implements_function(MAIN_FUNC):
-                self._streams = StreamSet(vm, self.device() if self.device_kind != "cpu" else None)
+                self._streams = StreamSet(vm, self.device() if self.device_kind != "cpu" else None,
+                                          events=self.plan.meta.get("sync") == "events")
                 name = MAIN_FUNC
                 if self.cuda_graph and not self._graph_failed:
                     if vm.module.implements_function(MAIN_GRAPH_FUNC) and self.plan.meta.get("cuda_graph"):

@@ -130,7 +130,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
             tuning_db: str | None = None, candidates: bool | None = None,
             cuda_arch: "str | list[str] | None" = None, fleet=None, fusion: str | None = None,
-            units: str = "tvm", tf32: bool = False) -> CompiledModel:
+            units: str = "tvm", tf32: bool = False, sync: str = "tvm") -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -170,7 +170,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     into the exported library; ``passes.offload``), ``"auto"`` (per unit, whichever a device measurement says is
     faster; without one, the library call). Units left to TVM, and why, are in ``.offload``. ``tf32``: let the
     library calls use TF32 tensor cores (PyTorch's default for convolutions; fp32 results then differ from TVM's
-    by ~1e-3 relative).
+    by ~1e-3 relative). ``sync`` (CUDA): ``"tvm"`` (default; TVM's ``Device_StreamSyncFromTo``, which creates and
+    destroys a CUDA event per call) or ``"events"`` (events created once per loaded model and reused, through the
+    native extension linked into the export).
     """
     from tvm_interop.passes.build import build_library
     from tvm_interop.passes.lower import make_plan
@@ -207,6 +209,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         target_text = f"cuda -arch={','.join(arches)}"
     elif cuda_arch:
         raise InteropError(f"cuda_arch={cuda_arch!r} needs a CUDA target, not {target_text!r}")
+    from tvm_interop.passes.lower_streams import SYNC_MODES
+
+    if sync not in SYNC_MODES:
+        raise InteropError(f"unknown sync {sync!r}; choose one of {', '.join(SYNC_MODES)}")
+    if sync == "events" and _target_device_kind(normalize_target(target)) != "cuda":
+        raise InteropError(f"sync='events' orders CUDA streams; the target {target_text!r} has none")
     if units != "tvm" and _target_device_kind(normalize_target(target)) != "cuda":
         raise InteropError(f"units={units!r} runs convolutions with cuDNN / cuBLAS, which needs a CUDA target, not "
                            f"{target_text!r}")
@@ -335,7 +343,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
         return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
-                                candidates=candidates, cuda_arches=arches)
+                                candidates=candidates, cuda_arches=arches, sync=sync)
 
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t

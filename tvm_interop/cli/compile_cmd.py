@@ -35,6 +35,9 @@ def register(sub) -> None:
                         "device measurement, else the library); the summary lists the units left to TVM and why")
     p.add_argument("--tf32", action="store_true",
                    help="let cuDNN / cuBLAS units use TF32 tensor cores (PyTorch's default for convolutions)")
+    p.add_argument("--sync", default="tvm", choices=["tvm", "events"],
+                   help="CUDA: order streams with TVM's per-call event (tvm, default) or with events created once per "
+                        "loaded model and reused (events: the native extension, linked into the library)")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
@@ -70,7 +73,8 @@ def run(args) -> int:
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
-                                 fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32)
+                                 fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32,
+                                 sync=args.sync)
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
