@@ -515,11 +515,28 @@ void* EnsureWorkspace(const CudartApi& rt, StreamContext& ctx, size_t bytes, boo
   return ptr;
 }
 
+// One cuDNN handle per device, pointed at the calling stream before every call; CudnnCallMutex() is held around
+// the whole call, so two host threads never re-point it under each other. Not one per stream: a CUDA-graph capture runs on a
+// fresh capture stream, and a handle made during a capture would call cudnnCreate there; with one per device, the
+// handle exists from the direct run that comes before the first capture (runtime/model.py warms up that way).
+std::mutex& CudnnCallMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
 cudnnHandle_t EnsureCudnnHandle(const CudartApi& rt, const CudnnApi& dnn, StreamContext& ctx, bool capturing,
                                 const char* caller) {
-  if (ctx.cudnn != nullptr) return ctx.cudnn;
+  static auto* mu = new std::mutex();
+  static auto* handles = new std::map<int, cudnnHandle_t>();
   cudnnHandle_t handle = nullptr;
-  WithRelaxedCapture(rt, capturing, caller, [&] { TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnCreate, &handle); });
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    cudnnHandle_t& slot = (*handles)[ctx.device];
+    if (slot == nullptr) {
+      WithRelaxedCapture(rt, capturing, caller, [&] { TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnCreate, &slot); });
+    }
+    handle = slot;
+  }
   TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnSetStream, handle, ctx.stream);
   ctx.cudnn = handle;
   return handle;
@@ -943,6 +960,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   const cudaStream_t stream = CurrentStream(a.device);
   const bool capturing = IsCapturing(rt, stream);
   StreamContext& ctx = GetStreamContext(a.device, stream);
+  std::lock_guard<std::mutex> call_lock(CudnnCallMutex());   // the device's handle is shared (see above)
   std::lock_guard<std::mutex> lock(ctx.mu);
   cudnnHandle_t handle = EnsureCudnnHandle(rt, dnn, ctx, capturing, caller);
 
