@@ -104,6 +104,14 @@ def main(argv=None) -> int:
     b.add_argument("--max-streams", type=int, default=8)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-kit", action="store_true", help="skip the runtime kit and the wheel (local dry runs)")
+    b.add_argument("--sync", default="tvm,events",
+                   help="how scheduled variants order their streams: tvm (TVM's per-call event), events (reused "
+                        "events of the native extension), or both (default: each scheduled variant twice, "
+                        "'[events]' in its name, so the run compares them)")
+    b.add_argument("--cudnn", default="all", metavar="MODELS",
+                   help="comma-separated models (or all, the default; '' for none) that also get an entry "
+                        "MODEL+cudnn: every offloadable convolution / dense layer as a cuDNN / cuBLAS call")
+    b.add_argument("--tf32", action="store_true", help="the +cudnn entries let cuDNN / cuBLAS use TF32 (MODEL+cudnn+tf32)")
     b.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                    help="also build MODEL with the kernels of this tuning database (`tvm-interop tune --bundle/"
                         "--import` or `--rpc`): a second entry MODEL+tuned, every variant with tuned kernels")

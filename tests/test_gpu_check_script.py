@@ -265,8 +265,9 @@ def test_run_report_records_the_environment(dry_build, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")
 def test_cuda_build_squeezenet(tmp_path):
-    """``scripts/gpu_check.sh build --models squeezenet --width 0.25``: a real CUDA build (~30 s), fatbins for
-    sm_90 in every library, a well-formed manifest, the graph JSON for the PyTorch baseline."""
+    """``scripts/gpu_check.sh build --models squeezenet --width 0.25``: a real CUDA build, fatbins for sm_90 in
+    every library, a well-formed manifest, the graph JSON for the PyTorch baseline, every scheduled variant also
+    with reused events, and the entry squeezenet+cudnn (library units) with the native extension linked in."""
     from tvm_interop.passes.cuda_compile import fatbin_arches, library_cuda_images
 
     d = tmp_path / "gc"
@@ -275,13 +276,22 @@ def test_cuda_build_squeezenet(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.load(open(d / "manifest.json"))
     assert m["format"] == "tvm-interop-gpu-check" and m["device"] == "cuda" and m["target"] == "cuda -arch=sm_90"
-    (entry,) = m["models"]
+    entry, cudnn = m["models"]
+    assert cudnn["name"] == "squeezenet+cudnn" and cudnn["library_units"] == 26 and not cudnn["left_to_tvm"]
+    assert cudnn["variants"][0]["name"] == "plain TVM"   # the reference keeps TVM's own kernels
     assert entry["name"] == "squeezenet" and entry["units"] > 0 and entry["inputs"][0]["shape"] == [1, 3, 224, 224]
     assert all(len(w["shape"]) >= 1 for w in entry["weights"])
     names = [v["name"] for v in entry["variants"]]
-    # 6 schedules (sequential, greedy, lios, ios, greedy+wave, lios+wave) x 2 modes x direct / CUDA graph
-    assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(names) == 2 + 6 * 2 * 2
-    assert {"greedy+wave", "lios+wave + CUDA graph"} <= set(names)
+    # 6 schedules (sequential, greedy, lios, ios, greedy+wave, lios+wave) x 2 modes x direct / CUDA graph, and
+    # every one with streams again with reused events
+    tvm_sync = [n for n in names[2:] if "[events]" not in n]
+    events = [n for n in names if "[events]" in n]
+    assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(tvm_sync) == 6 * 2 * 2
+    assert events and all(n.replace(" [events]", "") in tvm_sync for n in events)
+    assert not any(n.startswith("sequential") for n in events)   # nothing to order
+    assert {"greedy+wave", "lios+wave + CUDA graph", "greedy [events] + CUDA graph"} <= set(names)
+    for v in entry["variants"][2:]:
+        assert v["sync"] == ("events" if "[events]" in v["name"] else "tvm")
     for v in entry["variants"]:
         assert (d / (v["library"] + ".xz")).exists() and v["function"]
         if v["name"] != "plain TVM" and not v["name"].startswith("plain"):

@@ -64,7 +64,19 @@ def _merge(mods):
     return tvm.IRModule(funcs)
 
 
-def _export_xz(ex, path: str, arches: list[str] | None = None) -> list[str]:
+def _native_addons(program=None, lowered=()) -> list[str]:
+    """The native extension's object when the library calls it (cuDNN / cuBLAS units, reused events): linked in,
+    so the device loads one ``.so`` with TVM's runtime."""
+    uses = (program is not None and any(c.is_library for c in program.calls.values())) or \
+        any(getattr(low, "sync", "tvm") == "events" for low in lowered)
+    if not uses:
+        return []
+    from tvm_interop.passes.offload import ensure_extension
+
+    return [ensure_extension()["object"]]
+
+
+def _export_xz(ex, path: str, arches: list[str] | None = None, addons: list[str] | None = None) -> list[str]:
     """Export the library and keep it xz-compressed (``path + '.xz'``): kernel libraries shrink ~40x. CUDA
     libraries carry fatbins for ``arches`` (``passes.cuda_compile``), so the device needs TVM's runtime only;
     returns the CUDA modules' formats, and refuses a CUDA library that came out holding source."""
@@ -73,9 +85,9 @@ def _export_xz(ex, path: str, arches: list[str] | None = None) -> list[str]:
     if arches:
         from tvm_interop.passes.cuda_compile import export_cuda_library
 
-        export_cuda_library(ex, path, arches)
+        export_cuda_library(ex, path, arches, addons=addons or None)
     else:
-        ex.export_library(path)
+        ex.export_library(path, **({"addons": addons} if addons else {}))
     formats = cuda_kernel_formats(path)
     if arches and any(f in SOURCE_FORMATS for f in formats):
         raise RuntimeError(f"{path}: the export holds CUDA source, which the GPU machine cannot load without TVM's "
@@ -209,12 +221,22 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
             log(f"  {name}: {spec}: {len(fused)} of {len(records)} stages fused, "
                 f"{sum(len(r.left) for r in fused)} groups left beside their fused kernel")
         for mode in [m for m in ctx.args.modes.split(",") if m]:
-            prefix = f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__"
-            low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
-                                cuda_graph=True, lift_constants=True, prefix=prefix)
-            check_lowered(low.mod, ctx.target).raise_if_unsafe()
-            out.append((spec, mode, prefix, low, sched))
+            for sync in _syncs(ctx):
+                prefix = f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__{'ev__' if sync == 'events' else ''}"
+                low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
+                                    cuda_graph=True, lift_constants=True, prefix=prefix, sync=sync)
+                if sync == "events" and low.sync != "events":
+                    continue   # nothing to order (one stream): the same program as with TVM's sync
+                check_lowered(low.mod, ctx.target).raise_if_unsafe()
+                out.append((spec, mode, prefix, low, sched))
     return out
+
+
+def _syncs(ctx: BuildContext) -> list[str]:
+    """How the scheduled variants order their streams: TVM's per-call event and/or the reused events (CUDA only;
+    a CPU dry run has no streams to order)."""
+    syncs = [s for s in ctx.args.sync.split(",") if s]
+    return syncs if ctx.gpu else [s for s in syncs if s != "events"] or ["tvm"]
 
 
 def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], str, list[str]]:
@@ -227,11 +249,13 @@ def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dic
     ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _ in pending]), graph_funcs if ctx.gpu else [],
                      check=True)
     lib = os.path.join("libs", f"{name}.sched.so")
-    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches)
+    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches,
+                         _native_addons(program, [low for _, _, _, low, _ in pending]))
     variants = []
     for sname, mode, prefix, low, sched in pending:
-        label = sname if mode == "stage" else f"{sname} ({mode})"
+        label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "")
         common = {"library": lib, "streams": prefix + "__tvm_interop_streams", "num_streams": low.num_streams,
+                  "sync": low.sync,
                   "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
                   "predicted_ms": (sched.predicted_latency or 0) * 1e3}
         gname = prefix + MAIN_GRAPH_FUNC
@@ -254,10 +278,12 @@ def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
     return {"torch_program": path}
 
 
-def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None) -> dict:
+def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm") -> dict:
     """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON.
     ``tuning_db``: the entry ``NAME+tuned``, every variant (plain TVM included) built with the database's tuned
-    kernels, so that the run compares tuned and default kernels model by model."""
+    kernels, so that the run compares tuned and default kernels model by model. ``units="cudnn"``: the entry
+    ``NAME+cudnn``, whose scheduled variants (sequential included) run every offloadable convolution / dense layer
+    as a cuDNN / cuBLAS call (``passes.offload``), checked against plain TVM with TVM's own kernels."""
     import dataclasses
 
     import tvm_interop
@@ -274,8 +300,16 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None) -> d
         label = f"{name}+tuned"
         extra = {"tuning_db": os.path.abspath(tuning_db), "tuned_kernels": tuned_functions(program.mod),
                  "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
-    plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)
-    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, program)
+    scheduled_program = program
+    if units != "tvm":
+        from tvm_interop.passes.offload import offload
+
+        scheduled_program, report = offload(program, units=units, tf32=ctx.args.tf32)
+        label = f"{name}+{units}" + ("+tf32" if ctx.args.tf32 else "")
+        extra = {"library_units": len(report.offloaded), "left_to_tvm": report.refused,
+                 "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
+    plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)   # the reference: TVM's own kernels
+    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program)
     entry = {"name": label, "image_size": image, "units": len(program.graph),
              "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
              "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
@@ -283,7 +317,9 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None) -> d
              "kernels": {plain_lib: plain_formats, sched_lib: sched_formats},
              **(extra or _torch_fields(ctx, name, mod))}
     log(f"  {label}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
-        f"{time.perf_counter() - t0:.0f} s" + (f" ({len(extra['tuned_kernels'])} tuned kernels)" if extra else ""))
+        f"{time.perf_counter() - t0:.0f} s" + (f" ({len(extra['tuned_kernels'])} tuned kernels)"
+                                              if "tuned_kernels" in extra else "")
+        + (f" ({extra['library_units']} library units)" if "library_units" in extra else ""))
     return entry
 
 
@@ -332,10 +368,16 @@ def cmd_build(args) -> int:
     unknown = sorted(set(tuned) - set(names))
     if unknown:
         raise SystemExit(f"gpu_check build: --tuned names models that are not built: {unknown}")
+    with_library = [m.strip() for m in args.cudnn.split(",") if m.strip()] if args.cudnn != "all" else names
+    unknown = sorted(set(with_library) - set(names))
+    if unknown:
+        raise SystemExit(f"gpu_check build: --cudnn names models that are not built: {unknown}")
     for name in names:
         manifest["models"].append(build_model(ctx, name))
         if name in tuned:
             manifest["models"].append(build_model(ctx, name, tuned[name]))
+        if name in with_library and ctx.gpu:
+            manifest["models"].append(build_model(ctx, name, units="cudnn"))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")

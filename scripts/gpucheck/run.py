@@ -42,6 +42,10 @@ class Variants:
         self.dir, self.dev = d, dev
         self.vms: dict = {}
         self.streams: dict = {}
+        if entry.get("library_units"):   # cuDNN / cuBLAS units: the NVIDIA libraries from pip's nvidia/*/lib
+            from tvm_interop.runtime.native_libs import preload_cuda_libraries
+
+            log(f"  {entry['name']}: NVIDIA libraries {preload_cuda_libraries()}")
 
     def call(self, var: dict) -> Callable[[], Any]:
         """A callable running ``var`` once (returns its raw output)."""
