@@ -226,7 +226,9 @@ def extract(mod: tvm.IRModule, name: str = "model", known_constants=None) -> Pro
 
 
 # The library functions of ``passes.offload`` (kept here as names so that extract needs nothing from offload).
-_LIBRARY_KINDS = {"tvm_interop.cudnn.conv2d": "conv2d", "tvm_interop.cublas.dense": "dense"}
+# A library unit keeps the kind of the TVM kernel it replaces (a legalized dense layer is a ``matmul``), so the
+# graph fingerprint stays the model's: schedules and cost tables made for the model apply to its offloaded form.
+_LIBRARY_KINDS = {"tvm_interop.cudnn.conv2d": "conv2d", "tvm_interop.cublas.dense": "matmul"}
 _LIBRARY_NAMES = {"tvm_interop.cudnn.conv2d": "cudnn", "tvm_interop.cublas.dense": "cublas"}
 
 

@@ -23,7 +23,8 @@ reason recorded (:class:`OffloadReport`): multiply epilogues (RandWire's weighte
 
 **How.** :func:`apply_offload` rewrites the prepared program's ``main``: the unit's ``call_tir`` binding becomes
 ``call_dps_packed(<library function>, (params, x, w, ...), out_sinfo)``; :func:`passes.extract.extract` reads
-such a binding back as a unit (kind ``conv2d`` / ``dense``, ``attrs["library"]``), so schedulers, the lowering,
+such a binding back as a unit (same name, kind, arguments and outputs as the TVM kernel's, so the graph
+fingerprint is unchanged; ``attrs["library"]``), so schedulers, the lowering,
 the memory check and bundles treat it like any other unit. Like ``call_tir`` it is a destination-passing call
 whose output the next units read, so TVM's memory planner sees its arguments as uses and no pass drops it.
 """
@@ -248,6 +249,10 @@ def match_unit(program: Program, unit: str, tf32: bool = False) -> "LibraryCall 
 
     x_info, w_info = infos[x_idx], infos[w_idx]
     arg_index = (x_idx, w_idx) + ((bias_idx,) if bias_idx is not None else ()) + ((z_idx,) if z_idx is not None else ())
+    if arg_index != tuple(range(n_in)):
+        # the library call takes (x, w, bias, z): a kernel that takes them in another order would change the
+        # unit's signature, and with it the graph fingerprint that schedules and cost tables are checked against
+        return f"{uc.func_name}: takes its arguments in another order than the library call ({list(arg_index)})"
     if kind == "dense":
         return _dense_call(uc.func_name, main, lhs, rhs, x_info, w_info, out_info, arg_index, bias_idx is not None,
                            relu, tf32)

@@ -109,6 +109,7 @@ class BundleOptions:
     lios: bool = True
     cost: str | None = None   # the simulated model the searches run with while recording (default: device preset)
     wave: bool = False        # also each greedy / lios stage fused into one kernel (passes.wave), as "wave" stages
+    library: bool = False     # also each offloadable unit as its cuDNN / cuBLAS call (passes.offload), "library" stages
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -269,6 +270,30 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
     return tvm.IRModule(funcs)
 
 
+LIBRARY_UNIT = "{}@library"
+
+
+def _add_library_stages(program: Program, units: dict, notes: list) -> list[dict]:
+    """For every unit that cuDNN / cuBLAS can compute (``passes.offload``), its library call as a unit of its own
+    and a ``"library"`` stage that runs it alone, keyed ``library:<unit>`` in the cost table: the measurement that
+    ``units="auto"`` chooses by, and that the table prices library units with. Needs the native extension."""
+    from .offload import plan_offload
+
+    report = plan_offload(program, "cudnn")
+    stages = []
+    for name, call in report.offloaded.items():
+        spec = units[name]
+        lib = LIBRARY_UNIT.format(name)
+        units[lib] = {"func": call.func, "params": list(call.params), "args": [spec["args"][i] for i in call.arg_index],
+                      "outs": list(spec["outs"])}
+        stages.append({"groups": [[name]], "sources": ["library"], "strategy": "library", "run": [[lib]]})
+    if report.refused:
+        notes.append(f"{len(report.refused)} convolution/matmul unit(s) have no library call (e.g. "
+                     f"{next(iter(report.refused.values()))})")
+    log.info("profile bundle: %d library stages", len(stages))
+    return stages
+
+
 WAVE_SOURCES = ("greedy", "lios")   # the stages whose fused form a bundle holds (IOS's thousands would each be a kernel)
 WAVE_UNIT = "__wave{}"
 
@@ -335,6 +360,10 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     if options.wave:
         program, fused = _add_wave_stages(program, stages, units, ids, target, notes)
         stages = stages + fused
+    if options.library:
+        if target.kind.name != "cuda":
+            raise InteropError("library stages (cuDNN / cuBLAS units) need a CUDA target")
+        stages = stages + _add_library_stages(program, units, notes)
     mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
     if target.kind.name == "cuda":
         ex, report = build_cuda(mod, target, cuda_graph=False)

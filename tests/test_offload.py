@@ -76,6 +76,8 @@ def test_offloaded_program_is_a_program_of_units(zoo_cuda_program):
     assert all(np.array_equal(a, b) for a, b in zip(new.constants, program.constants))
     lib = {u for u, c in new.calls.items() if c.is_library}
     assert lib == set(report.offloaded)
+    # same units, kinds, signatures and edges: schedules and cost tables of the model apply to its offloaded form
+    assert new.graph.fingerprint() == program.graph.fingerprint()
     for u in lib:
         unit = new.graph.unit(u)
         assert unit.attrs["library"] in ("cudnn", "cublas")
@@ -255,3 +257,50 @@ def test_exported_cudnn_model_carries_the_extension(tmp_path):
     assert out["found"] == [CONV2D_FUNC, "tvm_interop.cuda.event_sync"]
     assert out["error"].startswith("DeviceError") and "no CUDA device" in out["error"]
     assert_runtime_only(log, 1)
+
+
+def test_library_stages_in_a_bundle_and_auto_by_the_table(tmp_path):
+    """``profile-bundle --library-units``: every offloadable unit also as its library call (a ``library`` stage)
+    in a CUDA bundle that links the extension; a table with those measurements makes ``units="auto"`` choose per
+    unit, and prices library units with their own times. The device's timings are stood in by made-up numbers
+    (no GPU here): what is tested is the plumbing from bundle to table to choice, not the timings."""
+    missing = _extension_missing()
+    if missing:
+        pytest.skip(f"cannot build the native extension here: {missing}")
+    from tvm_interop.passes.cost.table import TableCostModel
+    from tvm_interop.passes.profile_bundle import BundleOptions, build_profile_bundle
+    from tvm_interop.runtime.profile_bundle import stage_key
+
+    program = tvm_interop.api.prepare_program(get_model("squeezenet", **small_config("squeezenet")), CUDA,
+                                              name="squeezenet")
+    bundle = build_profile_bundle(program, CUDA, str(tmp_path / "b"),
+                                  BundleOptions(ios=False, lios=False, library=True))
+    plan = bundle.plan
+    lib_stages = [st for st in plan["stages"] if st.get("strategy") == "library"]
+    offloadable = plan_offload(program, "cudnn").offloaded
+    assert {st["groups"][0][0] for st in lib_stages} == set(offloadable)
+    for st in lib_stages:
+        (run,) = st["run"]
+        spec = plan["units"][run[0]]
+        assert spec["func"] == CONV2D_FUNC and spec["params"] == list(offloadable[st["groups"][0][0]].params)
+    assert b"tvm_interop.cudnn.conv2d" in open(tmp_path / "b" / plan["library"], "rb").read()
+
+    names = sorted(offloadable)
+    faster_in_tvm = set(names[::3])            # stand-in: every third unit's TVM kernel is the faster one
+    table = {"format": "tvm-interop-cost-table", "version": 1, "model": plan["model"],
+             "graph_fingerprint": plan["graph_fingerprint"], "target": plan["target"], "device_kind": "cuda",
+             "device": "cuda:stand-in:sm_90", "tvm_version": __import__("tvm").__version__,
+             "units": {u.name: 20e-6 for u in program.graph.units},
+             "stages": [{"key": stage_key(st["groups"], "library"), "groups": st["groups"], "strategy": "library",
+                         "latency": 30e-6 if st["groups"][0][0] in faster_in_tvm else 10e-6} for st in lib_stages]}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(table))
+    cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="lios", units="auto", cost=f"table:{path}",
+                             **small_config("squeezenet"))
+    assert set(cm.offload.offloaded) == set(names) - faster_in_tvm
+    assert all("TVM kernel measured faster" in cm.offload.refused[u] for u in faster_in_tvm)
+    model = TableCostModel(str(path))
+    lib_unit = next(u for u in cm.program.graph.units if u.attrs.get("library"))
+    tvm_unit = next(u for u in cm.program.graph.units if u.name in faster_in_tvm)
+    assert model.unit_latency(lib_unit) == pytest.approx(10e-6)
+    assert model.unit_latency(tvm_unit) == pytest.approx(20e-6)

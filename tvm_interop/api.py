@@ -243,7 +243,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             timings["tuning_db"] = timings.get("tuning_db", 0.0) + time.perf_counter() - t_db
         if units != "tvm":   # library units: cuDNN / cuBLAS calls in place of the TVM kernels they equal
             nonlocal offload_report
-            p, offload_report = offload(p, units=units, tf32=tf32)
+            times = _implementation_times(cost) if units == "auto" else None
+            p, offload_report = offload(p, units=units, tf32=tf32, measured=times)
             log.info("%s", offload_report.summary())
         return p
 
@@ -399,6 +400,17 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     return CompiledModel(runner=runner, schedule=sched, program=program, target=target_text, timings=timings,
                          guard=guard_result, memory=memory, max_streams=max_streams, built_program=built["program"],
                          built_schedule=built["schedule"], offload=offload_report)
+
+
+def _implementation_times(cost) -> dict | None:
+    """Per unit ``(TVM kernel, library call)`` seconds measured on the device, from a cost table made with
+    ``profile-bundle --library-units`` (what ``units="auto"`` chooses by); None without one."""
+    if isinstance(cost, str) and cost.startswith("table:"):
+        from tvm_interop.passes.cost import get_cost_model
+
+        cost = get_cost_model(cost)
+    times = getattr(cost, "implementation_times", None)
+    return times() if callable(times) else None
 
 
 FUSIONS = (None, "none", "wave")

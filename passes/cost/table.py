@@ -44,6 +44,9 @@ class TableCostModel(CostModel):
         self.table = table
         self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
         self.stages = {st["key"]: float(st["latency"]) for st in table.get("stages", [])}
+        # a unit's cuDNN / cuBLAS call timed alone (``profile-bundle --library-units``): stage "library:<unit>"
+        self.library = {st["groups"][0][0]: float(st["latency"]) for st in table.get("stages", [])
+                        if st.get("strategy") == "library"}
         self.fallback_spec = fallback
         self._fallback_model: CostModel | None = None
         if fallback not in ("units", "error"):
@@ -91,8 +94,23 @@ class TableCostModel(CostModel):
         return (f"{self.misses} of {self.hits + self.misses} stage costs the search asked for were not in the cost "
                 f"table {self.path} and were composed by the {self.fallback_spec!r} fallback")
 
+    def implementation_times(self) -> dict[str, tuple[float | None, float | None]]:
+        """``{unit: (TVM kernel seconds, library call seconds)}`` for every unit with a library measurement: what
+        ``units="auto"`` chooses by (``passes.offload.plan_offload``)."""
+        return {u: (self.units.get(u), lat) for u, lat in self.library.items()}
+
     # ------------------------------------------------------------------ interface
     def unit_latency(self, unit: Unit) -> float:
+        if unit.attrs.get("library"):   # a cuDNN / cuBLAS unit: its own measurement, never the TVM kernel's
+            lat = self.library.get(unit.name)
+            if lat is not None:
+                self.hits += 1
+                return lat
+            self.misses += 1
+            if self._fallback_model is not None:
+                return self._fallback_model.unit_latency(unit)
+            raise InteropError(f"unit {unit.name!r} runs as a {unit.attrs['library']} call, which the cost table "
+                               f"{self.path} did not measure; build the profiling bundle with --library-units")
         lat = self.units.get(unit.name)
         if lat is not None:
             self.hits += 1
@@ -108,7 +126,8 @@ class TableCostModel(CostModel):
         if not groups:
             return 0.0
         names = [[u.name for u in g] for g in groups]
-        lat = self.stages.get(_key(names, strategy))
+        # a measured stage ran TVM's kernels: with library units in it, it is composed from their own times
+        lat = None if any(u.attrs.get("library") for g in groups for u in g) else self.stages.get(_key(names, strategy))
         if lat is not None:
             self.hits += 1
             return lat

@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--wave-fusion", action="store_true",
                    help="also the greedy and lios stages fused into one kernel each (wave fusion), so that "
                         "`compile --wave-fusion --cost table:...` can price them")
+    p.add_argument("--library-units", action="store_true",
+                   help="CUDA: also every offloadable convolution / dense layer as its cuDNN / cuBLAS call, so that "
+                        "`compile --units auto --cost table:...` picks per unit by measurement")
     p.add_argument("--measure", action="store_true", help="also measure here, writing BUNDLE_DIR/costs.json")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -69,7 +72,8 @@ def run_bundle(args) -> int:
     target = normalize_target(args.target)
     program = prepare_program(mod, target, name=name)
     opts = BundleOptions(max_streams=args.max_streams, ios_r=args.ios_r, ios_s=args.ios_s,
-                         ios_block=args.ios_block, ios=not args.no_ios, wave=args.wave_fusion)
+                         ios_block=args.ios_block, ios=not args.no_ios, wave=args.wave_fusion,
+                         library=args.library_units)
     status(args, f"building the candidate stages of {name} ({len(program.graph)} units) for {args.target} ...")
     bundle = build_profile_bundle(program, target, args.output, opts)
     summary = {"model": name, "units": len(program.graph), "stages": bundle.num_stages,
