@@ -18,6 +18,13 @@
 #         Kernels are fatbins compiled here by nvcc (sm_90 unless --target says otherwise); a library holding CUDA
 #         source is refused by the build. Weights are generated on the device from a seed, so the libraries stay
 #         small; the build exits 1 when .gpu_check is over 60 MiB.
+#         Every scheduled variant with streams also comes as '<name> [events]' (reused events of the native
+#         extension instead of TVM's per-call event; --sync tvm,events), and every model also as an entry
+#         MODEL+cudnn (--cudnn all|a,b|''; --tf32 for MODEL+cudnn+tf32) whose scheduled variants run every offloadable
+#         convolution / dense layer through cuDNN / cuBLAS (the extension linked into the library; the device's
+#         python3 finds libcudnn / libcublasLt in its nvidia-* wheels), checked against plain TVM's own kernels.
+#         That is about 2.5x the variants of before: run the models in two or three calls (--models) to stay
+#         inside the device tool's 600 s per call.
 #   2. there: one call of the device tool's `run` with
 #        carry: [".gpu_check"]      command: bash scripts/gpu_check.sh run      (timeout_s 600)
 #      which unpacks the runtime kit into /tmp, installs the wheel with `pip install --no-index --target`, sets

@@ -336,3 +336,19 @@ def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
     assert all(v.get("ok") is not False for m in result["models"] for v in m["variants"])
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--tuned", "resnet50=" + db)
     assert r.returncode != 0 and "not built" in r.stderr
+
+
+def test_report_prices_one_reused_event():
+    """The report sets each '[events]' variant against its twin with TVM's per-call event: same program, same
+    number of events, so the difference per event is the saving (an illustrative result, not a measurement)."""
+    from gpucheck import report as gcreport
+
+    model = {"name": "m", "units": 3, "image_size": 32, "variants": [
+        {"name": "plain TVM", "median_ms": 1.0, "ok": True},
+        {"name": "greedy (dependency)", "median_ms": 0.50, "ok": True, "syncs": 20, "sync": "tvm"},
+        {"name": "greedy (dependency) [events]", "median_ms": 0.40, "ok": True, "syncs": 20, "sync": "events"},
+        {"name": "lios [events]", "median_ms": 0.40, "ok": True, "syncs": 4, "sync": "events"}]}   # no twin
+    rows = gcreport._events_table(model)
+    assert len([r for r in rows if r.startswith("| greedy")]) == 1
+    assert "| greedy (dependency) | 20 | 0.500 | 0.400 | 1.25x | +5.00 |" in rows
+    assert "Reused events" in gcreport.render_markdown({"models": [model]})

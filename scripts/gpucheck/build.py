@@ -259,8 +259,11 @@ def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dic
                   "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
                   "predicted_ms": (sched.predicted_latency or 0) * 1e3}
         gname = prefix + MAIN_GRAPH_FUNC
-        variants.append({"name": label, "function": prefix + FUNC, "cuda_graph": False, **common})
+        syncs = {f: sp.count("sync") for f, sp in low.programs.items()}   # events issued per call (fork/join)
+        variants.append({"name": label, "function": prefix + FUNC, "cuda_graph": False, "syncs": syncs.get(FUNC),
+                         **common})
         variants.append({"name": f"{label} + CUDA graph", "function": gname if ctx.gpu else prefix + FUNC,
+                         "syncs": syncs.get(MAIN_GRAPH_FUNC, syncs.get(FUNC)),
                          "cuda_graph": gname in rep.graph_functions,
                          "note": rep.reasons.get(gname) or (None if ctx.gpu else "CPU dry run"), **common})
     return variants, lib, formats

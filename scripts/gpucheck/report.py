@@ -98,7 +98,28 @@ def render_markdown(result: dict) -> str:
                 lines.append(f"| {s} | {pk['choice']} | {pk['median_ms']:.3f} | {pk['best_sequential_ms']:.3f} | "
                              f"{pk['speedup']:.2f}x | {'yes' if pk['never_slower'] else 'NO'} |")
             lines.append("")
+        lines += _events_table(m)
     return "\n".join(lines) + "\n"
+
+
+def _events_table(m: dict) -> list[str]:
+    """Each '[events]' variant against its twin with TVM's per-call event: the same program, the same number of
+    synchronisations, so the difference divided by that number is what one fork/join event costs more."""
+    by_name = {v["name"]: v for v in m.get("variants", [])}
+    rows = []
+    for v in m.get("variants", []):
+        twin = by_name.get(v["name"].replace(" [events]", ""))
+        if "[events]" not in v["name"] or twin is None or v.get("median_ms") is None or \
+                twin.get("median_ms") is None or not v.get("syncs"):
+            continue
+        saved_us = (twin["median_ms"] - v["median_ms"]) * 1e3 / v["syncs"]
+        rows.append(f"| {twin['name']} | {v['syncs']} | {twin['median_ms']:.3f} | {v['median_ms']:.3f} | "
+                    f"{twin['median_ms'] / v['median_ms']:.2f}x | {saved_us:+.2f} |")
+    if not rows:
+        return []
+    return ["Reused events (the native extension's pool) against TVM's per-call event, same program:", "",
+            "| variant | events per run | TVM sync ms | reused events ms | speed-up | saved per event (us) |",
+            "|---|---:|---:|---:|---:|---:|", *rows, ""]
 
 
 def cmd_report(args) -> int:

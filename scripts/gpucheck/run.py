@@ -245,7 +245,7 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
     """One variant: its output against ``ref`` (plain TVM's; ``is_reference``: this one is plain TVM) and its
     latency. Returns the record, its output and the callable (None when it failed or computed something else)."""
     rec = {k: var.get(k) for k in ("name", "cuda_graph", "num_streams", "stages", "max_concurrency", "mode",
-                                   "predicted_ms", "note")}
+                                   "predicted_ms", "note", "sync", "syncs")}
     try:
         run_once = variants.call(var)
         out = _to_numpy(run_once())
