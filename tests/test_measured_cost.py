@@ -116,3 +116,53 @@ def test_guard_ships_the_faster_median():
     faster = decide({"scheduled": [x * 0.97 for x in seq], "sequential": seq})
     assert faster.keep_schedule and faster.scheduled_ms < faster.sequential_ms
     assert decide({"scheduled": seq, "sequential": seq}).keep_schedule  # a tie keeps the schedule
+
+
+def test_times_the_kernels_that_ship(program, tmp_path):
+    """Convolutions whose weight the build repacks (passes.kernels.prepack) are timed as they ship: the compute
+    part, fed a weight of the repacked shape; the cache key hashes that kernel, so an entry timed with the
+    in-kernel repack (the prepared kernel's hash) is not reused."""
+    from tvm_interop.passes.cost.measured import _structural_hash
+    from tvm_interop.passes.kernels.prepack import prepack_weights, shipped_kernels
+
+    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
+    shipped = cost.shipped()
+    assert shipped and set(shipped) == set(shipped_kernels(program))
+    # exactly the kernels the build replaces, with the same compute part and repacked weight shape
+    built = prepack_weights(program, "llvm")
+    for name, sk in shipped.items():
+        assert built.mod[name].attrs["tvm_interop.prepacked"]
+        assert [tuple(int(d) for d in p.shape) for p in built.mod[name].params][sk.pos] == sk.shape
+    unit = next(u for u in program.graph.units if u.func_name in shipped)
+    sk = shipped[unit.func_name]
+    call = cost._call(unit)
+    assert call.args[sk.pos][0] == sk.shape and len(sk.shape) == 5            # O/16 I H W 16
+    assert tuple(unit.inputs[sk.pos].shape) != sk.shape
+    # the hash in the cache key is the compute kernel's, not the prepared kernel's (with its repack)
+    assert cost._kernel_hash(unit.func_name) == f"{_structural_hash(sk.compute) & 0xFFFFFFFFFFFF:012x}"
+    old_hash = f"{_structural_hash(program.mod[unit.func_name]) & 0xFFFFFFFFFFFF:012x}"
+    assert cost._kernel_hash(unit.func_name) != old_hash
+    # the timed library holds the compute kernel: it takes the repacked weight (TVM checks argument shapes)
+    assert cost.unit_latency(unit) > 0 and cost.measurements == 1
+    cost.close()
+    # an entry keyed with the old hash (timed with the in-kernel repack) is not a hit
+    shapes = ";".join(f"{'x'.join(map(str, t.shape))}{t.dtype}" for t in unit.inputs + unit.outputs)
+    stale = CostCache(tmp_path / "old.json", device=cost.device_fingerprint, tvm_version=cost.cache.tvm_version)
+    stale.put(f"concurrent|{old_hash}[{shapes}]|bNone", 1e-9)
+    stale.flush()
+    again = MeasuredCostModel(program, cache=tmp_path / "old.json", repeat=2)
+    assert again.unit_latency(unit) > 1e-9 and again.measurements == 1 and again.cache_hits == 0
+    again.close()
+
+
+def test_wave_stage_is_built_from_the_repacked_program(program, tmp_path):
+    """A wave-fused stage is timed as passes.wave builds it on a CPU: from the program whose weights the build
+    repacked (its member kernels are the compute parts)."""
+    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
+    convs = [u for u in program.graph.units if u.func_name in cost.shipped()][:2]
+    assert len(convs) == 2
+    assert cost.stage_latency([[convs[0]], [convs[1]]], strategy="wave") > 0
+    src = cost._wave_source()
+    assert src is not program
+    assert all(src.mod[u.func_name].attrs["tvm_interop.prepacked"] for u in convs)
+    cost.close()

@@ -4,6 +4,12 @@ IOS's central idea: the scheduler asks the device, not a formula. Each distinct 
 TVM kernels and timed by ``runtime.stage_timer`` (the same worker-thread executor that ships; warm-up, repeats,
 median). Results go to a persistent cache so later compiles of the same model (or models sharing kernels) do not
 measure again. See ``passes.cost.cache`` for the cache's keys and its refusal of foreign files.
+
+What is timed is what ships: on a CPU the built library repacks convolution weights once, at build time
+(``passes.kernels.prepack``), and runs only the compute part of those kernels. So the kernels that the build
+splits are timed as their compute part, fed a weight of the repacked shape, and a stage's cache key hashes that
+compute kernel (entries timed with the in-kernel repack, under the old hash, are never reused). Merged
+convolutions (merge stages) and wave-fused stages are built from repacked kernels the same way.
 """
 from __future__ import annotations
 
@@ -77,6 +83,8 @@ class MeasuredCostModel(CostModel):
         self._merged_calls: dict[tuple, list] = {}      # merge key -> [KernelCall] (merged conv, split)
         self._merged_libs: list = []
         self.merged_builds = 0
+        self._shipped = None      # kernel name -> prepack.ShippedKernel (the build runs its compute part)
+        self._wave_program = None  # the program as the wave fusion sees it (weights repacked)
         self._last_report = 0.0
 
     @property
@@ -89,7 +97,7 @@ class MeasuredCostModel(CostModel):
             from tvm_interop.runtime.model import kernel_library, lookup_kernel
 
             if self._library is None:
-                self._library = tvm.compile(self.program.mod, self.target)
+                self._library = self._build_shipped_kernels()
             if self.fleet is not None:
                 from ..fleet.stage_timer import RemoteStageTimer
 
@@ -104,16 +112,43 @@ class MeasuredCostModel(CostModel):
             self._timer = StageTimer(lookup, warmup=self.warmup, repeat=self.repeat)
         return self._timer
 
+    def shipped(self) -> dict:
+        """Kernel name -> ``prepack.ShippedKernel`` for the kernels that the built library runs without their
+        weight repack (empty off CPU targets)."""
+        if self._shipped is None:
+            self._shipped = {}
+            if self.target.kind.name == "llvm":
+                from ..kernels.prepack import shipped_kernels
+
+                self._shipped = shipped_kernels(self.program, self.target)
+        return self._shipped
+
+    def _build_shipped_kernels(self):
+        """The model's kernels as the build ships them: the prepared module, except that each kernel the build
+        splits is its compute part (a module of kernels only, each exported under its name)."""
+        shipped = self.shipped()
+        if not shipped:
+            return tvm.compile(self.program.mod, self.target)
+        funcs = {gv.name_hint: (shipped[gv.name_hint].compute if gv.name_hint in shipped else f)
+                 for gv, f in self.program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+        mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
+        return tvm.compile(mod, self.target)
+
     def _kernel_hash(self, func_name: str) -> str:
+        """Hash of the kernel that is timed (and ships): the compute part where the build repacks the weight."""
         if func_name not in self._func_hash:
-            func = self.program.mod[func_name]
+            sk = self.shipped().get(func_name)
+            func = sk.compute if sk is not None else self.program.mod[func_name]
             self._func_hash[func_name] = f"{_structural_hash(func) & 0xFFFFFFFFFFFF:012x}"
         return self._func_hash[func_name]
 
     def _call(self, unit: Unit) -> KernelCall:
         call = self.program.calls[unit.name]
-        return KernelCall(call.func_name, tuple((tuple(t.shape), t.dtype) for t in unit.inputs),
-                          tuple((tuple(t.shape), t.dtype) for t in unit.outputs))
+        args = [(tuple(t.shape), t.dtype) for t in unit.inputs]
+        sk = self.shipped().get(call.func_name)
+        if sk is not None:   # the weight arrives repacked
+            args[sk.pos] = (sk.shape, args[sk.pos][1])
+        return KernelCall(call.func_name, tuple(args), tuple((tuple(t.shape), t.dtype) for t in unit.outputs))
 
     def _signature(self, unit: Unit) -> str:
         shapes = ";".join(f"{'x'.join(map(str, t.shape))}{t.dtype}" for t in unit.inputs + unit.outputs)
@@ -204,13 +239,14 @@ class MeasuredCostModel(CostModel):
         else:
             import hashlib
 
-            kern = build_wave_kernel(self.program, [[u.name for u in g] for g in groups], self.target)
+            kern = build_wave_kernel(self._wave_source(), [[u.name for u in g] for g in groups], self.target)
             name = "wave_" + hashlib.sha1(cache_key.encode()).hexdigest()[:16]
             compiled = tvm.compile(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}), self.target)
             self._add_kernels(compiled, [name])
             self.merged_builds += 1
             args = tuple(self._ref_info(r) for r in kern.signature.inputs)
-            outs = tuple((tuple(self.program.calls[u].outputs[i].shape), self.program.calls[u].outputs[i].dtype)
+            calls = self._wave_source().calls
+            outs = tuple((tuple(calls[u].outputs[i].shape), calls[u].outputs[i].dtype)
                          for u, i in kern.signature.outputs)
             value = self._timer_ready().time_stage([[KernelCall(name, args, outs)]])
             if self.cache is not None:
@@ -219,11 +255,27 @@ class MeasuredCostModel(CostModel):
         self._memo[key] = value
         return value
 
+    def _wave_source(self):
+        """The program that ``passes.wave.apply_wave_fusion`` fuses: on a CPU, with the weights repacked at build
+        time (its fused kernels read them repacked), re-extracted with the constants at their indices."""
+        if self._wave_program is None:
+            self._wave_program = self.program
+            if self.target.kind.name == "llvm" and self.shipped():
+                from ..extract import extract
+                from ..kernels.prepack import prepack_weights
+
+                packed = prepack_weights(self.program, self.target)
+                if packed is not self.program:
+                    self._wave_program = extract(packed.mod, name=self.program.graph.name,
+                                                 known_constants=packed.const_exprs)
+        return self._wave_program
+
     def _ref_info(self, ref) -> tuple:
-        """(shape, dtype) of a kernel argument of the program."""
+        """(shape, dtype) of a kernel argument of the program the wave kernels are built from."""
         from ..extract import _ref_info
 
-        info = _ref_info(ref, self.program.input_infos, self.program.constants, self.program.calls)
+        prog = self._wave_source()
+        info = _ref_info(ref, prog.input_infos, prog.constants, prog.calls)
         return (tuple(info.shape), info.dtype)
 
     def _add_kernels(self, compiled, names: list[str]) -> None:
@@ -253,11 +305,27 @@ class MeasuredCostModel(CostModel):
         if mkey not in self._merged_calls:
             suffix = "m" + hashlib.sha1("|".join(mkey).encode()).hexdigest()[:12]
             kern = build_merged_kernel(self.program, [u.name for u in units], suffix=suffix, target=self.target)
-            self._add_kernels(kern.compile(self.target), list(kern.funcs))   # the fleet's devices load them too
+            # the merged weight is a constant of the merged program: the build repacks it, the kernel that ships
+            # is the compute part
+            funcs, repacked = dict(kern.funcs), {}
+            if self.target.kind.name == "llvm":
+                from ..kernels.prepack import split_kernel
+
+                n_out = {f: len(outs) for f, _, outs in kern.calls}
+                for fname, func in kern.funcs.items():
+                    sk = split_kernel(fname, func, n_out.get(fname, 1)) if fname in n_out else None
+                    if sk is not None:
+                        funcs[fname], repacked[fname] = sk.compute, sk
+            mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
+            self._add_kernels(tvm.compile(mod, self.target), list(funcs))   # the fleet's devices load them too
             self.merged_builds += 1
-            self._merged_calls[mkey] = [KernelCall(f, tuple((tuple(s), d) for s, d in args),
-                                                   tuple((tuple(s), d) for s, d in outs))
-                                        for f, args, outs in kern.calls]
+            calls = []
+            for f, args, outs in kern.calls:
+                args = [(tuple(s), d) for s, d in args]
+                if f in repacked:
+                    args[repacked[f].pos] = (repacked[f].shape, args[repacked[f].pos][1])
+                calls.append(KernelCall(f, tuple(args), tuple((tuple(s), d) for s, d in outs)))
+            self._merged_calls[mkey] = calls
         return self._merged_calls[mkey]
 
     # ------------------------------------------------------------------ reporting
