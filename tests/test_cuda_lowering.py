@@ -208,9 +208,9 @@ def test_cpu_build_of_the_stream_program_matches_plain_tvm(branchy_program, hand
     made = []
     real = rc.StreamSet.__init__
 
-    def counting(self, vm, device=None):
+    def counting(self, vm, device=None, **kw):
         made.append(1)
-        real(self, vm, device)
+        real(self, vm, device, **kw)
 
     monkeypatch.setattr(rc.StreamSet, "__init__", counting)
     plan = make_plan(branchy_program, hand_schedule, mode=mode, meta={"mode": mode})

@@ -328,6 +328,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             program = base_program
     timings["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
+    if offload_report is not None:   # which units ran as library calls, and why the others did not (schedule file)
+        sched.options["units"] = offload_report.to_json()
 
     built: dict = {}
 
