@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     b.add_argument("--cudnn", default="all", metavar="MODELS",
                    help="comma-separated models (or all, the default; '' for none) that also get an entry "
                         "MODEL+cudnn: every offloadable convolution / dense layer as a cuDNN / cuBLAS call")
-    b.add_argument("--tf32", action="store_true", help="the +cudnn entries let cuDNN / cuBLAS use TF32 (MODEL+cudnn+tf32)")
+    b.add_argument("--tf32", action="store_true", help="also an entry MODEL+cudnn+tf32 per +cudnn entry: cuDNN / cuBLAS may use TF32")
     b.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                    help="also build MODEL with the kernels of this tuning database (`tvm-interop tune --bundle/"
                         "--import` or `--rpc`): a second entry MODEL+tuned, every variant with tuned kernels")

@@ -239,7 +239,7 @@ def _syncs(ctx: BuildContext) -> list[str]:
     return syncs if ctx.gpu else [s for s in syncs if s != "events"] or ["tvm"]
 
 
-def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], str, list[str]]:
+def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = False) -> tuple[list[dict], str, list[str]]:
     """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
     variants, library, kernel formats."""
     from tvm_interop.runtime.cuda import MAIN_GRAPH_FUNC
@@ -255,7 +255,7 @@ def _scheduled_variants(ctx: BuildContext, name: str, program) -> tuple[list[dic
     for sname, mode, prefix, low, sched in pending:
         label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "")
         common = {"library": lib, "streams": prefix + "__tvm_interop_streams", "num_streams": low.num_streams,
-                  "sync": low.sync,
+                  "sync": low.sync, **({"tf32": True} if tf32 else {}),
                   "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
                   "predicted_ms": (sched.predicted_latency or 0) * 1e3}
         gname = prefix + MAIN_GRAPH_FUNC
@@ -281,7 +281,8 @@ def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
     return {"torch_program": path}
 
 
-def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm") -> dict:
+def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm",
+                tf32: bool = False) -> dict:
     """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON.
     ``tuning_db``: the entry ``NAME+tuned``, every variant (plain TVM included) built with the database's tuned
     kernels, so that the run compares tuned and default kernels model by model. ``units="cudnn"``: the entry
@@ -307,12 +308,12 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
     if units != "tvm":
         from tvm_interop.passes.offload import offload
 
-        scheduled_program, report = offload(program, units=units, tf32=ctx.args.tf32)
-        label = f"{name}+{units}" + ("+tf32" if ctx.args.tf32 else "")
+        scheduled_program, report = offload(program, units=units, tf32=tf32)
+        label = f"{name}+{units}" + ("+tf32" if tf32 else "")
         extra = {"library_units": len(report.offloaded), "left_to_tvm": report.refused,
                  "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
     plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)   # the reference: TVM's own kernels
-    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program)
+    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program, tf32=tf32)
     entry = {"name": label, "image_size": image, "units": len(program.graph),
              "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
              "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
@@ -381,6 +382,8 @@ def cmd_build(args) -> int:
             manifest["models"].append(build_model(ctx, name, tuned[name]))
         if name in with_library and ctx.gpu:
             manifest["models"].append(build_model(ctx, name, units="cudnn"))
+            if args.tf32:   # reported separately: TF32 changes the numbers (checked with TF32's tolerance)
+                manifest["models"].append(build_model(ctx, name, units="cudnn", tf32=True))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")
