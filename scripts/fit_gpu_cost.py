@@ -18,8 +18,14 @@ latencies are ``sim:h100``'s, times one factor per model -- a nuisance parameter
 model is training data, and calibrated on its ``sequential + CUDA graph`` measurement alone when it is held out
 (that variant is then marked *calibration*, not a test).
 
+Table stages: the cost tables' stages (chains and concurrent groups measured in isolation) are replayed as the
+table protocol (``passes.cost.program.table_protocol_program``) and fitted next to the whole programs, at most
+``STAGES_PER_STRATUM`` per stratum and table, each table model's stages weighing ``STAGE_WEIGHT`` in total
+(``--no-stages``: whole programs only). Every fold uses every table's stages, the held-out model's included: they
+are device measurements of its kernels in isolation, like its unit latencies, not of its programs.
+
 Validation: leave-one-model-out. For each model, the global parameters are fitted on every other model's
-variants and the held-out model's variants are predicted. Baselines: the sum of the schedule's isolated stage
+variants (and the table stages) and the held-out model's variants are predicted. Baselines: the sum of the schedule's isolated stage
 costs from the cost tables (``table``; missing stages by the table's ``units`` fallback) and ``sim:h100``'s
 schedule cost. The shipped parameters are fitted on all batch-1 variants. Batch 8 (no unit tables) is a
 transfer check with the shipped parameters, each model calibrated on its ``sequential + CUDA graph`` variant.
@@ -56,11 +62,13 @@ from tvm_interop.passes.cost.program_fit import (
     DEFAULT_FIT,
     DEFAULT_PRIORS,
     FIXED_AT,
+    FIXED_INTERFERENCE,
     PRIOR_TAU,
     Sample,
     calibrate_scale,
     fit,
     program_key,
+    table_stage_samples,
 )
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "gpu-data", "h100-2026-11-22")
@@ -73,6 +81,8 @@ MAX_STREAMS = 8
 TARGET = {"kind": "cuda", "arch": "sm_90"}
 LM_TOL = 1e-5  # a Levenberg-Marquardt fit stops when an iteration lowers the loss by less than this fraction
 CALIBRATION = ("sequential", "stage", True)  # (scheduler, mode, cuda_graph) of a sim model's calibration variant
+STAGES_PER_STRATUM = 8  # table stages per stratum and table (passes.cost.program_fit.table_stage_samples)
+STAGE_WEIGHT = 1.0      # total weight of one table model's stage samples (one model's whole programs weigh 1)
 
 
 @dataclass
@@ -113,6 +123,7 @@ class Data:
         self.units: dict[str, dict[str, tuple]] = {}   # unit group -> {unit: (latency, work, class)}
         self.group_source: dict[str, str] = {}         # unit group -> "table" | "sim"
         self.checks: list[dict] = []
+        self.stage_samples: list[Sample] = []          # cost-table stages replayed as the table protocol
 
 
 def _read_json(path: str):
@@ -287,16 +298,43 @@ def _weights(idx: list[int], data: Data) -> None:
         data.samples[i].weight = 1.0 / cnt[data.samples[i].group]
 
 
+def build_stage_samples(data_dir: str, data: Data) -> list[Sample]:
+    """The table stages of every table model (device data measured in isolation, not whole programs), stratified
+    (:func:`table_stage_samples`); each table model's stages weigh ``STAGE_WEIGHT`` in total."""
+    out: list[Sample] = []
+    for model, names in TABLES.items():
+        if model not in data.units:
+            continue
+        mine: list[Sample] = []
+        for name in names:
+            t = _read_json(os.path.join(data_dir, name))
+            mine += table_stage_samples(t, data.units[model], model, per_stratum=STAGES_PER_STRATUM, seed=0,
+                                        label=name)
+        for smp in mine:
+            smp.weight = STAGE_WEIGHT / len(mine)
+        out += mine
+    return out
+
+
+def base_params() -> ProgramCostParams:
+    base = ProgramCostParams().replace(**FIXED_AT)
+    base.interference.update(FIXED_INTERFERENCE)
+    return base
+
+
 def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
     _weights(idx, data)
-    samples = [data.samples[i] for i in idx]
+    # every fold uses every table model's stage samples: isolated device measurements of kernels and concurrent
+    # groups (like the unit latencies every fold uses), never a whole-program measurement
+    samples = [data.samples[i] for i in idx] + list(data.stage_samples)
     scaled = sorted({s.group for s in samples if data.group_source[s.group] == "sim"})
-    base = ProgramCostParams().replace(**FIXED_AT)
+    base = base_params()
     start_list = [base.replace(fill_items=5e5, host_kernel=6e-6, host_keepalive=5e-6, kernel_scale=1.1)][:starts - 1]
     t0 = time.perf_counter()
     res = fit(samples, data.units, base=base, names=DEFAULT_FIT, scaled_groups=scaled,
               starts=start_list, iters=iters, priors=DEFAULT_PRIORS, tol=LM_TOL)
-    log(f"  fit [{tag}]: {len(samples)} variants, loss {res.loss:.5f}, {res.evaluations} evaluations, "
+    log(f"  fit [{tag}]: {len(idx)} variants + {len(data.stage_samples)} table stages, "
+        f"loss {res.loss:.5f}, {res.evaluations} evaluations, "
         f"{time.perf_counter() - t0:.0f} s")
     return res
 
@@ -379,7 +417,13 @@ def evaluate(data: Data, iters: int, starts: int, jobs: int) -> dict:
             recs[i]["transfer_ms"] = _predict(data, i, res_all.params, scale) * 1e3
             if i in cal:
                 recs[i]["calibration"] = True
-    return {"all": res_all, "folds": fold_params, "batch8_scales": b8_scales}
+    stage_fit: dict[str, dict] = {}
+    for model in TABLES:
+        errs = [simulate(smp.prog, data.units[smp.group], res_all.params).latency / smp.measured - 1.0
+                for smp in data.stage_samples if smp.group == model]
+        if errs:
+            stage_fit[model] = _stats(errs)
+    return {"all": res_all, "folds": fold_params, "batch8_scales": b8_scales, "stage_fit": stage_fit}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -460,6 +504,104 @@ def _fmt_stats(s: dict | None) -> str:
     return f"{s['median_abs'] * 100:.1f}% / {s['max_abs'] * 100:.0f}%"
 
 
+# version 1 of this fit (docs/gpu_cost_model.json at commit 73e91e7, same command): median / worst |error|
+V1_SUMMARY = {"inception_v3": {"heldout": (16.0, 35.4), "insample": (6.6, 18.0)},
+              "randwire": {"heldout": (8.3, 21.8), "insample": (6.3, 15.7)},
+              "squeezenet": {"heldout": (5.1, 15.8), "insample": (2.4, 9.0)},
+              "googlenet": {"heldout": (6.8, 20.4), "insample": (6.3, 16.5)},
+              "nasnet_a_large": {"heldout": (13.9, 30.0), "insample": (6.6, 17.4)},
+              "nasnet_a_mobile": {"heldout": (13.6, 35.7), "insample": (8.0, 19.8)},
+              "resnet50": {"heldout": (1.1, 3.4), "insample": (1.0, 2.3)},
+              "ALL (table models)": {"heldout": (13.3, 35.4), "insample": (5.5, 18.0)},
+              "ALL (every model)": {"heldout": (9.3, 35.7)},
+              "batch 8 (transfer)": {"transfer": (9.2, 37.5)}}
+
+
+def _same_program_spread(data: Data) -> dict[str, float]:
+    """Per model, the largest spread (max / min - 1) of one program measured in several runs: the sequential
+    variants (identical op lists in every run) -- what no model of the program can predict."""
+    by: dict[tuple, list[float]] = {}
+    for r in data.records:
+        if r["batch"] == 1 and r["scheduler"] == "sequential":
+            by.setdefault((r["model"], r["mode"], r["cuda_graph"]), []).append(r["measured_ms"])
+    out: dict[str, float] = {}
+    for (m, _, _), v in by.items():
+        if len(v) > 1:
+            out[m] = max(out.get(m, 0.0), max(v) / min(v) - 1.0)
+    return out
+
+
+def _version2_section(data: Data, ev: dict, summary: dict) -> list[str]:
+    L = ["## Version 2: the cost tables' stages in the fit\n"]
+    n_st = len(data.stage_samples)
+    L.append("What changed (issue 12, deliverable 2):\n")
+    L.append(f"* **Table stages are fitting data.** {n_st} stages of the three models' cost tables (at most "
+             f"{STAGES_PER_STRATUM} per stratum and table: number of groups, chain length, unit classes; single "
+             "units, chains of 2-7 kernels, 2-4 concurrent groups) are replayed as `runtime.profile_bundle` times them "
+             "(`table_protocol_program`: `number` calls back to back, fork/join events) and fitted next to the whole "
+             f"programs, each table model's stages weighing {STAGE_WEIGHT:g} (as much as one model's programs). "
+             "**Every fold uses all three tables' stages, the held-out model's included**: they are isolated device "
+             "measurements of its kernels, alone and together, like the unit latencies every fold already used; no "
+             "whole-program (end-to-end) measurement of the held-out model enters its fold.")
+    L.append("* **`program_scale`** (new, prior 1 ± 0.25): a kernel's time inside a whole program per second of its "
+             "device time in the table protocol. The stages pin the isolated -> device map (`kernel_scale`, "
+             "`kernel_offset`), so what programs add to it is one separate, named number instead of being folded "
+             "into the map. **`call_overhead`** is fitted again: the stages' per-call floor identifies it.")
+    L.append("* **A spatial conv does not overlap an avg_pool** (`conv_spatial<-avg_pool` = 100, fixed): measured in "
+             "the inception_v3 tables, see *The model*.\n")
+    L.append("Held-out / in-sample |error|, median / worst, version 1 -> version 2:\n")
+    L.append("| model | held-out v1 | held-out v2 | in-sample v1 | in-sample v2 |\n|---|---|---|---|---|")
+    allrow = [r for r in data.records if r["batch"] == 1 and not r.get("calibration")]
+    st_all = _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in allrow])
+
+    def v1(m, k):
+        x = V1_SUMMARY.get(m, {}).get(k)
+        return "—" if x is None else f"{x[0]:.1f}% / {x[1]:.0f}%"
+
+    for m, row in summary.items():
+        if m.startswith("batch 8"):
+            L.append(f"| {m} | {v1(m, 'transfer')} | {_fmt_stats(row['transfer'])} | | |")
+            continue
+        L.append(f"| {m} | {v1(m, 'heldout')} | {_fmt_stats(row['heldout'])} | {v1(m, 'insample')} | "
+                 f"{_fmt_stats(row['insample'])} |")
+    L.append(f"| ALL (every model) | {v1('ALL (every model)', 'heldout')} | {_fmt_stats(st_all)} | | |")
+    folds = ev.get("folds", {})
+    if folds:
+        L.append("\nFold parameters (the held-out model's fold): " + "; ".join(
+            f"{m}: `kernel_scale` {f['params']['kernel_scale']:.3f}, `kernel_offset` "
+            f"{f['params']['kernel_offset'] * 1e6:.2f} µs, `program_scale` {f['params']['program_scale']:.3f}"
+            for m, f in folds.items() if m in TABLES) + f"; all variants: `program_scale` "
+            f"{ev['all'].params.program_scale:.3f}.\n")
+    spread = _same_program_spread(data)
+    L.append("What limits the held-out error (numbers from this run):\n")
+    inc = [r for r in allrow if r["model"] == "inception_v3" and r["scheduler"] == "sequential"
+           and r.get("heldout_ms")]
+    if inc:
+        e = float(np.median([_err(r["heldout_ms"], r["measured_ms"]) for r in inc]))
+        L.append(f"* **inception_v3's kernels run slower inside a program than the other models teach.** Its "
+                 f"sequential variants are predicted {e * 100:+.0f} % held out (median). Its chained stages in the "
+                 "tables compose (a chain takes 0.97-0.99x the sum of its units), so the slowdown is not a neighbour "
+                 "effect the table sees; it appears only in whole programs of long kernels (power/clock under "
+                 "sustained load is a candidate, not measured). randwire and squeezenet, the only other models with "
+                 "measured units, have short kernels and ask for `program_scale` ≈ 1; the models without unit tables "
+                 "carry a free factor each, which absorbs it. Without inception_v3's end-to-end data `program_scale` "
+                 "stays at the prior's centre, and every inception_v3 variant inherits that offset.")
+    g_direct = [r for r in allrow if r["model"] == "inception_v3" and r["variant"] == "greedy"]
+    g_graph = [r for r in allrow if r["model"] == "inception_v3" and r["variant"] == "greedy + CUDA graph"]
+    if g_direct and g_graph:
+        L.append(f"* **CUDA graph with many branches.** inception_v3 greedy (8 streams, 170 events) runs "
+                 f"{g_direct[0]['measured_ms']:.2f} ms direct but {g_graph[0]['measured_ms']:.2f} ms as a CUDA graph; "
+                 "the model, which has the graph only remove host work, predicts the graph no slower than direct "
+                 f"(held out {_pct(_err(g_graph[0].get('heldout_ms'), g_graph[0]['measured_ms']))}). nasnet_a_mobile's "
+                 "graph variants with many branches are underpredicted too, randwire's greedy graph overpredicted: "
+                 "how the graph executor maps branches onto hardware queues is not modelled.")
+    if spread:
+        L.append("* **Noise.** The same sequential program measured in different runs differs by up to " +
+                 ", ".join(f"{m} {v * 100:.0f} %" for m, v in sorted(spread.items())) + " (max / min − 1).")
+    L.append("")
+    return L
+
+
 def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float) -> str:
     p: ProgramCostParams = ev["all"].params
     L = []
@@ -468,7 +610,9 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "`scripts/gpu_check.py` times: wall clock of the call plus a device sync) from per-unit isolated "
              "latencies, by simulating the issued stream program: the host issuing ops one after another with a "
              "cost per op, every stream a queue, kernels starting when issued, their stream is free and their "
-             "events fired, concurrent kernels sharing the device as a fluid. Generated by "
+             "events fired, concurrent kernels sharing the device as a fluid (a spatial convolution making no "
+             "progress beside an avg_pool). It is fitted on two kinds of device data: whole programs (the gpu_check "
+             "variants) and the cost tables' stages replayed as the table protocol times them. Generated by "
              "`scripts/fit_gpu_cost.py` from `shared/gpu-data/h100-2026-11-22` "
              f"({len(data.records)} measured variants, {seconds:.0f} s):\n")
     L.append(f"```\n{command}\n```\n")
@@ -477,14 +621,27 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "keep-alive call +host_keepalive\n"
              "        (CUDA graph: input copies direct, then one graph launch +graph_launch; nothing inside the graph "
              "costs host time)\n"
-             "device: kernel = max(kernel_min, kernel_scale * isolated + kernel_offset), after kernel_gap "
-             "(graph_node_gap in a graph);\n"
+             "device: kernel = rho * max(kernel_min, kernel_scale * isolated + kernel_offset), rho = program_scale in a "
+             "whole program,\n"
+             "        1 in the table protocol; after kernel_gap (graph_node_gap in a graph);\n"
              "        it may start launch_latency after its issue, when its stream is free; an event wait ends "
              "event_latency\n"
              "        (graph_event_latency) after the event fired; running kernels progress at "
              "1 / max(1, sum of demands),\n"
-             "        demand = min(1, output elements / fill_items)\n"
-             "latency = max(host end, device end) + tail\n```\n")
+             "        demand = min(1, output elements / fill_items);\n"
+             "        a kernel of class V beside one of class A progresses 1 / (1 + interference[V<-A]) as fast\n"
+             "latency = max(host end, device end) + tail\n"
+             "table protocol (a cost-table stage): `number` calls back to back, each +call_overhead, fork events, "
+             "groups on\n"
+             "        streams, join events; its latency / number is the table's stage latency\n```\n")
+    L.append("Interference (fixed): " + ", ".join(f"`{k}` = {v:g}" for k, v in sorted(FIXED_INTERFERENCE.items()))
+             + ". In the inception_v3 tables a spatial convolution next to an avg_pool2d kernel takes 1.5-1.9x the "
+             "*sum* of the pair's isolated latencies (56 pairs; conv pairs take 0.6-0.7x the sum): they never "
+             "overlap. Fitted, this slowdown ran away to 1e20, so it is fixed at a value that means that.\n")
+    if ev.get("stage_fit"):
+        L.append("Table stages (table-protocol samples; every fold fits on all of them, see *Version 2*), in-sample fit, "
+                 "|predicted / measured − 1| median / worst: " + "; ".join(
+                     f"{m} {_fmt_stats(st)} ({st['n']} stages)" for m, st in ev["stage_fit"].items()) + ".\n")
     L.append("## Fitted parameters (all batch-1 variants)\n")
     L.append(f"{len(DEFAULT_FIT)} parameters are fitted ({', '.join(f'`{k}`' for k in DEFAULT_FIT)}); the rest are "
              "fixed (see *Identifiability* below). Prior: " + ", ".join(
@@ -495,7 +652,7 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
     for k, v in p.values().items():
         if k in ("fill_items", "copy_bandwidth"):
             val = f"{v:.3g}"
-        elif k == "kernel_scale":
+        elif k in ("kernel_scale", "program_scale"):
             val = f"{v:.3f}"
         else:
             val = f"{v * 1e6:.2f} µs"
@@ -521,7 +678,8 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "the fold without squeezenet `call_overhead` + `tail` + `launch_latency` grew to 0.55 ms per program, "
              "traded against a -20 µs `kernel_offset` on the many-kernel models, which ruined the 0.5 ms squeezenet "
              "(+87 %). They are now fixed (zero; `kernel_min` 1 µs). With them fixed, `graph_launch` went to ~1e-9 s "
-             "in every fold, so it is fixed at zero too.\n")
+             "in every fold, so it is fixed at zero too. (Version 2 fits `call_overhead` again: the table stages, "
+             "timed as many calls back to back, identify it.)\n")
     L.append("* **optimizer trap.** That fit moved times on a log scale, where a time pushed towards zero loses its "
              "gradient and stays there: on samples simulated from known parameters it ended at `host_sync` = 4e-17 s "
              "with `event_latency` absorbing it (loss 3e-5 instead of 0). Times are now moved linearly (value = "
@@ -531,16 +689,15 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "µs (`call_overhead` 0.11, `tail` 0.004, `launch_latency` 0.08, `kernel_gap` 0.15, `graph_node_gap` "
              "0.002, `host_set` 0.09, `graph_launch` 0.48 µs; `kernel_min` 0.16 µs, not binding) at a worse loss "
              "(0.0076 vs 0.0065 for the 8-parameter fit), so fixing them costs nothing measurable.\n")
-    L.append("With 8 free parameters instead of 16 a fit also costs half the simulations per iteration. What is "
-             "left of the held-out error of inception_v3 is mostly a uniform ~-16 %: its big kernels run ~1.2x their "
-             "isolated time inside the program (the all-variant fit's `kernel_scale`), which no other model can "
-             "teach; the *held-out, 1 calibration* column shows the fold's parameters after one factor on the "
-             "held-out model's unit latencies calibrated on its `sequential + CUDA graph` variant (the protocol the "
-             "sim-unit models always use, since their unit costs are simulated). The ios variants of inception_v3 "
-             "stay underpredicted even in-sample (conv/avg_pool interference, which this fit does not use).\n")
+    L.append("Version 1 ended with 8 free parameters; what was left of the held-out error of inception_v3 was mostly a "
+             "uniform ~-16 % (its big kernels run ~1.2x their isolated time inside the program, which no other model "
+             "could teach) and its ios variants, underpredicted even in-sample (conv/avg_pool interference, which "
+             "that fit did not use).\n")
+    L += _version2_section(data, ev, summary)
     L.append("## Errors: |predicted / measured − 1|, median / worst\n")
     L.append("*held-out*: the model's variants predicted by parameters fitted without any of that model's "
-             "measurements (leave-one-model-out; the sim-unit models' factor is calibrated on their `sequential + "
+             "whole-program measurements (leave-one-model-out; every fold fits on all cost tables' stages too, see "
+             "*Version 2*; the sim-unit models' factor is calibrated on their `sequential + "
              "CUDA graph` variant, which is then not counted). *held-out, 1 calibration*: table models, the same "
              "fold with one factor on the unit latencies calibrated on `sequential + CUDA graph` (not counted). "
              "*in-sample*: the shipped fit. *table*: sum of the schedule's isolated stage costs from the cost "
@@ -570,6 +727,15 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
                  f"{tgt['median_abs'] * 100:.1f} %, worst {tgt['max_abs'] * 100:.0f} %; {tgt['within_10']} of "
                  f"{tgt['n']} variants within 10 %, {tgt['within_25']} within 25 %: "
                  f"{'met' if met else '**not met**'}.\n")
+        cal = [r for r in data.records if r["batch"] == 1 and r["model"] in TABLES and not r.get("cal_variant")]
+        st = _stats([_err(r.get("heldout_cal_ms"), r["measured_ms"]) for r in cal])
+        if st.get("n"):
+            met = st["median_abs"] <= 0.10 and st["max_abs"] <= 0.25
+            L.append(f"With one end-to-end measurement of the held-out model (*held-out, 1 calibration*: the fold's "
+                     "parameters, one factor on its unit latencies calibrated on its `sequential + CUDA graph` variant, "
+                     "which is then not counted; the protocol the models without unit tables always need): median "
+                     f"{st['median_abs'] * 100:.1f} %, worst {st['max_abs'] * 100:.1f} %; {st['within_10']} of "
+                     f"{st['n']} within 10 %, {st['within_25']} within 25 %: {'met' if met else '**not met**'}.\n")
     L.append("## Picking the program\n")
     L.append("What a predictor is for: choosing, among the variants of one model (schedulers x modes x CUDA graph), "
              "the one that runs fastest. Per run and model (batch 1): the variant each predictor ranks first and "
@@ -622,6 +788,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated subset (default: every model with data)")
     ap.add_argument("--no-batch8", action="store_true", help="skip the batch-8 transfer check")
     ap.add_argument("--no-landed", action="store_true", help="leave out the as-landed run")
+    ap.add_argument("--no-stages", action="store_true", help="fit on whole programs only (no table stages)")
     ap.add_argument("--iters", type=int, default=30, help="Levenberg-Marquardt iterations per fit")
     ap.add_argument("--starts", type=int, default=1, help="starting points per fit (1 or 2)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
@@ -647,6 +814,8 @@ def main(argv=None) -> int:
             with open(args.cache, "wb") as f:
                 pickle.dump(data, f)
     log(f"{len(data.records)} variants reproduced ({sum(c['ok'] for c in data.checks)} schedule shapes match the runs)")
+    data.stage_samples = [] if args.no_stages else build_stage_samples(args.data, data)
+    log(f"{len(data.stage_samples)} table stages as table-protocol samples")
     ev = evaluate(data, args.iters, args.starts, args.jobs)
     summary = summarize(data)
     seconds = time.perf_counter() - t0
@@ -683,6 +852,8 @@ def main(argv=None) -> int:
                                                                 "loss": ev["all"].loss,
                                                                 "sim_scales": ev["all"].scales}),
                "folds": ev["folds"], "batch8_scales": ev["batch8_scales"], "summary": summary,
+               "table_stages": {"per_stratum": STAGES_PER_STRATUM, "weight_per_model": STAGE_WEIGHT,
+                                "count": len(data.stage_samples), "insample": ev.get("stage_fit", {})},
                "picks": picks(data),
                "runs": [r.__dict__ for r in runs], "variants": data.records, "seconds": seconds}
         atomic.write_json(args.json, doc, indent=1)

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from tvm_interop.passes.cost.program import (
+    CALL,
     KERNEL,
     MAIN,
     SET,
@@ -23,8 +24,17 @@ from tvm_interop.passes.cost.program import (
     issued_program,
     load_fitted,
     simulate,
+    table_protocol_program,
 )
-from tvm_interop.passes.cost.program_fit import DEFAULT_FIT, FIXED_AT, Sample, fit
+from tvm_interop.passes.cost.program_fit import (
+    DEFAULT_FIT,
+    DEFAULT_PRIORS,
+    FIXED_AT,
+    FIXED_INTERFERENCE,
+    Sample,
+    fit,
+    table_stage_samples,
+)
 from tvm_interop.runtime.errors import InteropError
 
 US = 1e-6
@@ -38,7 +48,7 @@ def quiet(**kw) -> ProgramCostParams:
     base = {"kernel_scale": 1.0, "kernel_offset": 0.0, "kernel_min": 0.0, "fill_items": FILL, "call_overhead": 0.0,
             "tail": 0.0, "host_kernel": 0.0, "host_sync": 0.0, "host_set": 0.0, "host_keepalive": 0.0,
             "launch_latency": 0.0, "kernel_gap": 0.0, "event_latency": 0.0, "graph_launch": 0.0,
-            "graph_node_gap": 0.0, "graph_event_latency": 0.0}
+            "graph_node_gap": 0.0, "graph_event_latency": 0.0, "program_scale": 1.0}
     base.update(kw)
     return ProgramCostParams(**base)
 
@@ -146,6 +156,55 @@ def test_cuda_graph_copies_are_launched_directly():
     assert t.latency == pytest.approx(5 * US + 7 * US + 50 * US + 1 * US)
 
 
+def test_program_scale_stretches_program_kernels_not_table_stages():
+    """program_scale multiplies the device time of every kernel of a whole program (the floor included), never of
+    a stage replayed as the table protocol (isolated)."""
+    p = quiet(program_scale=1.25, kernel_scale=1.0, kernel_offset=-2 * US, kernel_min=1 * US)
+    lat = units({"k0": 42 * US, "k1": 2 * US})
+    assert simulate(chain(2), lat, p).latency == pytest.approx(1.25 * (40 * US + 1 * US))
+    iso = IssuedProgram(chain(2).ops, isolated=True)
+    assert simulate(iso, lat, p).latency == pytest.approx(40 * US + 1 * US)
+    # given kernel times (sim units x factor) bypass the map and the scale
+    given = {"k0": (42 * US, SMALL, "other", True), "k1": (2 * US, SMALL, "other", True)}
+    assert simulate(chain(2), given, p).latency == pytest.approx(44 * US)
+
+
+def test_table_protocol_replays_time_evaluator():
+    """A single-unit stage, 5 calls back to back: host-bound at call_overhead + host_kernel per call when the
+    kernel is shorter, device-bound at the kernel otherwise; a two-group stage forks and joins with events."""
+    p = quiet(call_overhead=4 * US, host_kernel=2 * US)
+    tiny = table_protocol_program([["k0"]], number=5)
+    assert tiny.isolated and tiny.count(CALL) == 4 and tiny.count(SYNC) == 0
+    t = simulate(tiny, units({"k0": 1 * US}), p)
+    assert t.latency == pytest.approx(5 * 6 * US + 1 * US)
+    t = simulate(tiny, units({"k0": 30 * US}), p)
+    assert t.latency == pytest.approx(6 * US + 5 * 30 * US)
+    pair = table_protocol_program([["a"], ["b"]], number=2)
+    assert pair.count(SYNC) == 2 * 4 and pair.num_streams == 2
+    q = quiet(event_latency=1 * US)
+    t = simulate(pair, units({"a": 40 * US, "b": 30 * US}), q)
+    # per call: fork wait (1 us) + the longer group (40 us) + the two join waits, one after the other on the
+    # caller's stream (1 us each); the next call's fork waits for the joins
+    assert t.latency == pytest.approx(2 * (1 * US + 40 * US + 2 * 1 * US))
+    with pytest.raises(InteropError, match="non-empty group"):
+        table_protocol_program([[]])
+
+
+def test_conv_beside_avg_pool_does_not_overlap():
+    """The shipped interference: a spatial conv makes (almost) no progress while an avg_pool runs beside it, so the
+    pair takes about the sum; without it the two small kernels overlap fully."""
+    lat = {"a": (40 * US, SMALL, "conv_spatial"), "b": (30 * US, SMALL, "avg_pool")}
+    free = simulate(two_streams(sync=False), lat, quiet())
+    assert free.latency == pytest.approx(40 * US)
+    p = quiet()
+    p.interference.update(FIXED_INTERFERENCE)
+    t = simulate(two_streams(sync=False), lat, p)
+    assert t.latency == pytest.approx(70 * US, rel=0.02)
+    # the pool is not slowed, and two convs still overlap
+    conv2 = {"a": (40 * US, SMALL, "conv_spatial"), "b": (30 * US, SMALL, "conv_spatial")}
+    assert simulate(two_streams(sync=False), conv2, p).latency == pytest.approx(40 * US)
+
+
 # ---------------------------------------------------------------------------------------------- parameter files
 def test_params_json_round_trip(tmp_path):
     p = ProgramCostParams(host_kernel=4.2e-6, fill_items=1.5e5).with_interference(conv_spatial__avg_pool=3.0)
@@ -244,6 +303,43 @@ def test_prior_holds_an_unidentified_slope():
     assert held.params.kernel_scale == pytest.approx(1.0, abs=0.01)
 
 
+def test_table_stage_samples_stratify_and_scale():
+    """Stages of a cost table become table-protocol samples (measured = latency x number), at most per_stratum per
+    (groups, chain length, classes); stages naming unknown units or without a latency are skipped."""
+    u = {"c0": (50 * US, SMALL, "conv_spatial"), "c1": (60 * US, SMALL, "conv_spatial"),
+         "p0": (20 * US, SMALL, "avg_pool")}
+    stages = [{"groups": [["c0"], ["p0"]], "latency": 90 * US}, {"groups": [["c1"], ["p0"]], "latency": 95 * US},
+              {"groups": [["c0"], ["c1"]], "latency": 70 * US}, {"groups": [["c0", "c1"]], "latency": 108 * US},
+              {"groups": [["zz"], ["c0"]], "latency": 1e-3}, {"groups": [["c0"], ["c1"]], "latency": 0.0}]
+    table = {"number": 3, "stages": stages}
+    got = table_stage_samples(table, u, "g", per_stratum=1)
+    assert len(got) == 3   # (2 groups, conv+pool) x1, (2 groups, conv) x1, (chain of 2, conv) x1
+    assert all(s.prog.isolated and s.group == "g" and s.prog.count(CALL) == 2 for s in got)
+    chain2 = [s for s in got if s.prog.num_streams == 0]
+    assert len(chain2) == 1 and chain2[0].measured == pytest.approx(3 * 108 * US)
+    assert len(table_stage_samples(table, u, "g", per_stratum=5)) == 4
+
+
+def test_fitter_separates_program_scale_with_table_stages():
+    """Whole programs alone cannot tell kernel_scale from program_scale; with stages replayed as the table protocol
+    (isolated, program_scale not applied) the fit recovers both, and call_overhead from the host-bound stages."""
+    truth = quiet(kernel_scale=1.0, kernel_offset=-1 * US, program_scale=1.2, call_overhead=4 * US,
+                  host_kernel=2 * US, kernel_min=1 * US)
+    lat = {f"k{i}": ((5 + 12 * i) * US, SMALL) for i in range(8)}
+    progs = [IssuedProgram([IssuedOp(KERNEL, unit=f"k{i}") for i in idx]) for idx in (range(8), [1, 3, 5])]
+    stages = [table_protocol_program([[f"k{i}"]], 5) for i in range(8)]
+    stages += [table_protocol_program([["k0", "k1"]], 5), table_protocol_program([["k2"], ["k5"]], 5)]
+    samples = [Sample(p, "g", simulate(p, lat, truth).latency) for p in progs + stages]
+    names = ["kernel_scale", "kernel_offset", "program_scale", "call_overhead", "host_kernel"]
+    start = truth.replace(kernel_scale=1.2, kernel_offset=0.0, program_scale=1.0, call_overhead=1 * US,
+                          host_kernel=4 * US)
+    res = fit(samples, {"g": lat}, base=start, names=names, iters=60)
+    got, want = res.params.values(), truth.values()
+    for k in names:
+        assert got[k] == pytest.approx(want[k], rel=0.03, abs=0.05 * US), k
+    assert res.loss < 1e-6
+
+
 def test_fitter_refuses_bad_input():
     prog = chain(1)
     with pytest.raises(InteropError, match="nothing to fit"):
@@ -311,6 +407,9 @@ def test_shipped_fit_loads():
     assert all(math.isfinite(x) for x in v.values())
     assert all(x >= 0 for k, x in v.items() if k != "kernel_offset")
     assert 0.5 < p.kernel_scale < 2.0
+    assert 0.7 < p.program_scale < 1.6
+    assert p.interference == FIXED_INTERFERENCE
+    assert set(DEFAULT_PRIORS) <= set(DEFAULT_FIT)
     assert 1 * US < p.host_kernel < 20 * US
     # the shipped file comes from the current fitter: the parameters it fixes have the fixed values
     for k, x in FIXED_AT.items():

@@ -33,15 +33,19 @@ and costs the host nothing; the output copies are launched directly after it.
 start ``launch_latency`` after the host issued it and once everything before it on its stream is done:
 
 * a kernel first waits a fixed gap (``kernel_gap`` direct, ``graph_node_gap`` in a graph: launch processing
-  that does not occupy the SMs), then runs; alone it takes ``d = max(kernel_min, kernel_scale * u +
+  that does not occupy the SMs), then runs; alone it takes ``d = rho * max(kernel_min, kernel_scale * u +
   kernel_offset)`` where ``u`` is the unit's **isolated latency** (a cost table's unit entry, or any
-  ``CostModel.unit_latency``): the isolated timing includes a host floor for tiny kernels and a warm L2 for big
-  ones, so the map from isolated to in-program time is affine;
+  ``CostModel.unit_latency``): the isolated timing includes a host floor for tiny kernels, so the map from
+  isolated latency to device time is affine; ``rho`` is ``program_scale`` in a whole program and 1 in a stage
+  replayed as the cost-table protocol (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower
+  a kernel runs inside a program than timed alone, warm, a few calls back to back;
 * concurrent kernels share the device as a fluid (processor sharing): a kernel demands ``f = min(1, work items
   / (fill_items))`` of the device (work items = output elements, as ``passes.cost.simulated`` counts them;
   ``fill_items`` = how many output elements fill the GPU) and every running kernel progresses at rate
   ``1 / max(1, sum of demands of the running kernels)``: kernels that each fill a small part of the GPU overlap
-  fully, kernels that fill it serialise (work is conserved);
+  fully, kernels that fill it serialise (work is conserved); ``interference["V<-A"] = x``: a kernel of class V
+  (:func:`unit_class`) progresses ``1 / (1 + x)`` as fast while one of class A runs beside it (the fitted H100 set:
+  a spatial conv beside an avg_pool, ``passes.cost.program_fit.FIXED_INTERFERENCE``);
 * an event record fires when everything before it on its stream is done; a wait completes ``event_latency``
   (``graph_event_latency`` in a graph) after its event fired.
 
@@ -50,6 +54,11 @@ The program's latency is ``max(host end, device end) + tail``.
 Parameters (:class:`ProgramCostParams`) are seconds unless noted; :data:`PARAM_DOCS` documents each. They are
 saved/loaded as JSON (:meth:`ProgramCostParams.save` / :meth:`ProgramCostParams.load`); the fitted H100 set
 is ``docs/gpu_cost_model.json`` (:func:`load_fitted`).
+
+*Table protocol.* :func:`table_protocol_program` replays how ``runtime.profile_bundle`` times a cost-table stage
+(the stage function called ``number`` times back to back, each call ``call_overhead`` of host time, fork/join
+events around the groups), so the tables' thousands of stage measurements (chains, concurrent groups) are fitting
+data next to the whole programs: they pin the isolated -> device map, the fill and the call floor.
 
 Not modelled (documented limits): the legacy default stream's implicit synchronisation (the lowering never
 overlaps work on it with the created streams, so it would only matter for foreign code), memory-bandwidth
@@ -75,16 +84,18 @@ KEEPALIVE_CHUNK = 16         # tensors per keep-alive call (passes.lower_streams
 H100_FILL_ITEMS = 132 * 2048  # SMs x resident threads: the simulated device's capacity (passes.cost.simulated)
 
 # op codes of an IssuedProgram
-KERNEL, SYNC, SET, RELEASE = "kernel", "sync", "set", "release"
+KERNEL, SYNC, SET, RELEASE, CALL = "kernel", "sync", "set", "release", "call"
 
 PARAM_DOCS: dict[str, str] = {
-    "kernel_scale": "in-program kernel time per second of isolated unit latency (dimensionless)",
-    "kernel_offset": "in-program kernel time = kernel_scale * isolated + kernel_offset (s; negative: the isolated "
-                     "timing includes a per-call host floor)",
+    "kernel_scale": "device time of a kernel per second of its isolated unit latency (dimensionless)",
+    "kernel_offset": "device time = kernel_scale * isolated + kernel_offset (s; negative: the isolated timing "
+                     "includes a per-call host floor)",
+    "program_scale": "a kernel's time inside a whole program per second of its device time in the isolated "
+                     "(cost-table) protocol (dimensionless)",
     "kernel_min": "shortest in-program kernel (s)",
     "fill_items": "output elements that fill the device: a kernel demands min(1, work items / fill_items) of it "
                   "(dimensionless count)",
-    "call_overhead": "host time from the call to the first op (VM entry, stream cache, current stream) (s)",
+    "call_overhead": "host time of one VM function call before its first op (VM entry, current stream) (s)",
     "tail": "time after the last op and the last kernel until the call returns with the device synchronised (s)",
     "host_kernel": "host time per directly launched kernel (VM dispatch + launch) (s)",
     "host_sync": "host time per runtime.Device_StreamSyncFromTo (event create/record/wait/destroy) (s)",
@@ -106,6 +117,7 @@ class ProgramCostParams:
 
     kernel_scale: float = 1.15
     kernel_offset: float = -3.0e-6
+    program_scale: float = 1.0
     kernel_min: float = 1.5e-6
     fill_items: float = float(H100_FILL_ITEMS)
     call_overhead: float = 20e-6
@@ -203,7 +215,9 @@ def load_fitted(path: str | None = None) -> ProgramCostParams:
 @dataclass
 class IssuedOp:
     """One op of the issued program: ``kernel`` (``unit`` on the current stream), ``sync`` (event ``a`` -> ``b``),
-    ``set`` (current stream = ``a``) or ``release`` (``calls`` keep-alive calls)."""
+    ``set`` (current stream = ``a``), ``release`` (``calls`` keep-alive calls) or ``call`` (the host entering
+    another VM function call: ``call_overhead``; used to replay the cost-table protocol, many calls back to
+    back)."""
 
     kind: str
     a: int = MAIN
@@ -228,6 +242,10 @@ class IssuedProgram:
     cuda_graph: bool = False
     copy_bytes: dict[str, float] = field(default_factory=dict)
     name: str = ""
+    # True: a stage replayed as the cost-table protocol times it (time_evaluator, one stage function called back
+    # to back, warm), whose kernels take their device time; False: a whole program, whose kernels take
+    # program_scale times that
+    isolated: bool = False
 
     def count(self, kind: str) -> int:
         if kind == RELEASE:
@@ -265,6 +283,33 @@ def from_stream_program(sp, cuda_graph: bool = False, copy_bytes: Mapping[str, f
             raise InteropError(f"unknown stream op {o.kind!r}")
     return IssuedProgram(ops, num_streams=sp.num_streams, mode=sp.mode, cuda_graph=cuda_graph, copy_bytes=copies,
                          name=name)
+
+
+def table_protocol_program(groups, number: int = 5) -> IssuedProgram:
+    """A cost-table stage as ``runtime.profile_bundle`` times it: its stage function called ``number`` times back to
+    back (``time_evaluator``), each call a VM entry (``call_overhead``; ``call`` ops after the first), then, with
+    several groups, a fork (events from the caller's stream to one stream per group), the groups' kernels on their
+    streams, and a join (``passes.profile_bundle._build_stage_module``); a single group runs on the caller's
+    stream. Its simulated latency divided by ``number`` is the table's stage latency; ``isolated`` (kernels take
+    their device time)."""
+    groups = [list(g) for g in groups if len(g)]
+    if not groups:
+        raise InteropError("a stage needs at least one non-empty group")
+    ops: list[IssuedOp] = []
+    for k in range(max(1, int(number))):
+        if k:
+            ops.append(IssuedOp(CALL))   # the first call's entry is the simulation's call_overhead
+        if len(groups) == 1:
+            ops += [IssuedOp(KERNEL, unit=u) for u in groups[0]]
+            continue
+        ops += [IssuedOp(SYNC, MAIN, i) for i in range(len(groups))]
+        for i, g in enumerate(groups):
+            ops.append(IssuedOp(SET, i))
+            ops += [IssuedOp(KERNEL, unit=u) for u in g]
+        ops.append(IssuedOp(SET, MAIN))
+        ops += [IssuedOp(SYNC, i, MAIN) for i in range(len(groups))]
+    return IssuedProgram(ops, num_streams=len(groups) if len(groups) > 1 else 0, isolated=True,
+                         name="stage " + ";".join("|".join(g) for g in groups))
 
 
 def _tensor_key(t) -> str:
@@ -334,8 +379,9 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
     t_h = p.call_overhead
     cur = 0
     n_events = 0
-    ks = p.kernel_scale
-    ko = p.kernel_offset
+    rho = 1.0 if prog.isolated else p.program_scale
+    ks = p.kernel_scale * rho
+    ko = p.kernel_offset * rho
     kmin = p.kernel_min
     fill = max(p.fill_items, 1e-9)
     lat = p.launch_latency
@@ -369,7 +415,7 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
                     d = u                     # given as in-program kernel seconds (no isolated -> in-program map)
                 else:
                     d = ks * u + ko
-                    d = max(d, kmin)
+                    d = max(d, kmin * rho)
                 f = w / fill
                 f = min(f, 1.0)
             if not in_graph:
@@ -390,6 +436,8 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
         elif k == RELEASE:
             if not in_graph:
                 t_h += p.host_keepalive * o.calls
+        elif k == CALL:
+            t_h += p.call_overhead
         else:
             raise InteropError(f"unknown issued op {k!r}")
     host_end = t_h
@@ -658,6 +706,7 @@ def sum_stage_costs(schedule, graph, cost) -> float:
 
 
 __all__ = [
+    "CALL",
     "KERNEL",
     "MAIN",
     "PARAM_DOCS",
@@ -674,6 +723,7 @@ __all__ = [
     "load_fitted",
     "simulate",
     "sum_stage_costs",
+    "table_protocol_program",
     "unit_class",
     "work_items",
 ]
