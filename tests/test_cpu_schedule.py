@@ -194,6 +194,32 @@ def test_avx2_target_equals_unscheduled():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
 
 
+def test_avx512_one_axis_reduction_gets_the_bigger_tile():
+    """On a 32-register target a 1x1 convolution (a reduction over channels only) gets up to 26 accumulators:
+    13 output columns x 2 vectors of output channels at 13x13 (a 3x3 one keeps at most 20: it spills beyond),
+    and both still compute what the unscheduled build computes (run where the host has AVX-512)."""
+    import re
+
+    from tvm.target import codegen
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    rows = {}
+    for case, mod in {"1x1": _conv((1, 96, 13, 13), 64, 1, bias=True, relu=True),
+                      "3x3": _conv((1, 32, 13, 13), 64, 3, pad=1, bias=True, relu=True),
+                      "1x1_1000": _conv((1, 64, 13, 13), 1000, 1, bias=True, relu=True)}.items():
+        (name, func), = [(n, f) for n, f in _prim_funcs(mod).items() if "conv2d" in n]
+        text = schedule_cpu(func, target).script()
+        unrolled = [int(n) for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", text)]
+        rows[case] = max(unrolled)
+        host = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+        if codegen.llvm_cpu_has_features(["avx512f"], host):
+            inputs = _inputs(mod)
+            np.testing.assert_allclose(_run(apply_cpu_schedules(mod, host), inputs, host), _run(mod, inputs, host),
+                                       rtol=1e-4, atol=1e-4, err_msg=case)
+    assert rows["1x1"] == 13 and rows["3x3"] <= 10, rows
+    assert rows["1x1_1000"] <= 26, rows
+
+
 def test_conv_schedule_is_tiled_parallel_and_vectorised():
     mod = _conv((1, 32, 28, 28), 64, 3, pad=1, bias=True, relu=True)  # 14 M multiply-adds: worth threads
     (name, func), = [(n, f) for n, f in _prim_funcs(mod).items() if "conv2d" in n]
