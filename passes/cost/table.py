@@ -101,23 +101,17 @@ class TableCostModel(CostModel):
 
     # ------------------------------------------------------------------ interface
     def unit_latency(self, unit: Unit) -> float:
-        if unit.attrs.get("library"):   # a cuDNN / cuBLAS unit: its own measurement, never the TVM kernel's
-            lat = self.library.get(unit.name)
-            if lat is not None:
-                self.hits += 1
-                return lat
-            self.misses += 1
-            if self._fallback_model is not None:
-                return self._fallback_model.unit_latency(unit)
-            raise InteropError(f"unit {unit.name!r} runs as a {unit.attrs['library']} call, which the cost table "
-                               f"{self.path} did not measure; build the profiling bundle with --library-units")
-        lat = self.units.get(unit.name)
+        library = unit.attrs.get("library")   # a cuDNN / cuBLAS unit: its own measurement, never the TVM kernel's
+        lat = (self.library if library else self.units).get(unit.name)
         if lat is not None:
             self.hits += 1
             return lat
         self.misses += 1
         if self._fallback_model is not None:
             return self._fallback_model.unit_latency(unit)
+        if library:
+            raise InteropError(f"unit {unit.name!r} runs as a {library} call, which the cost table {self.path} did "
+                               "not measure; build the profiling bundle with --library-units")
         raise InteropError(f"unit {unit.name!r} is not in the cost table {self.path} (measured for model "
                            f"{self.table.get('model')!r}); was the bundle built for this model?")
 
