@@ -47,6 +47,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -90,6 +91,7 @@ constexpr std::array<const char*, 6> kFunctionNames = {kEventsCreate, kEventsFre
   X(cudaStreamIsCapturing)           \
   X(cudaThreadExchangeStreamCaptureMode) \
   X(cudaMalloc)                      \
+  X(cudaMemcpyAsync)                 \
   X(cudaFree)                        \
   X(cudaGetLastError)
 
@@ -475,6 +477,8 @@ struct StreamContext {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   size_t workspace_size = 0;
+  void* bias_copy = nullptr;  // a 256-byte aligned copy of a dense bias that is not 16-byte aligned (see Dense)
+  size_t bias_copy_size = 0;
   // Outgrown workspaces are never freed: a CUDA graph captured earlier may still name them in its nodes and
   // replay later, and cudaFree would synchronise the device (forbidden during capture). Growth is geometric, so
   // the retired ones add up to less than the live one.
@@ -501,18 +505,25 @@ cudaStream_t CurrentStream(int device) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
 }
 
-// Makes the context's workspace at least `bytes` long (never shrinks; see StreamContext::retired).
-void* EnsureWorkspace(const CudartApi& rt, StreamContext& ctx, size_t bytes, bool capturing, const char* caller) {
-  if (bytes <= ctx.workspace_size) return ctx.workspace;
+// Makes one of the context's buffers (`buffer`, `buffer_size`) at least `bytes` long (never shrinks; see
+// StreamContext::retired).
+void* EnsureBuffer(const CudartApi& rt, StreamContext& ctx, void*& buffer, size_t& buffer_size, size_t bytes,
+                   bool capturing, const char* caller) {
+  if (bytes <= buffer_size) return buffer;
   constexpr size_t kGranule = size_t(1) << 20;
-  size_t size = std::max(bytes, ctx.workspace_size * 2);
+  size_t size = std::max(bytes, buffer_size * 2);
   size = (size + kGranule - 1) / kGranule * kGranule;
   void* ptr = nullptr;
   WithRelaxedCapture(rt, capturing, caller, [&] { TVM_INTEROP_CUDA_CALL(rt, caller, cudaMalloc, &ptr, size); });
-  if (ctx.workspace != nullptr) ctx.retired.push_back(ctx.workspace);
-  ctx.workspace = ptr;
-  ctx.workspace_size = size;
+  if (buffer != nullptr) ctx.retired.push_back(buffer);
+  buffer = ptr;
+  buffer_size = size;
   return ptr;
+}
+
+// Makes the context's workspace at least `bytes` long.
+void* EnsureWorkspace(const CudartApi& rt, StreamContext& ctx, size_t bytes, bool capturing, const char* caller) {
+  return EnsureBuffer(rt, ctx, ctx.workspace, ctx.workspace_size, bytes, capturing, caller);
 }
 
 // One cuDNN handle per device, pointed at the calling stream before every call; CudnnCallMutex() is held around
@@ -758,6 +769,15 @@ std::map<std::vector<int64_t>, ConvAlgo>& ConvAlgoCache() {
   return *cache;
 }
 
+// Fused configurations (ConvKey + relu + algorithm) that cuDNN refused once: the unfused path from then on.
+// Process-wide (guarded by ConvAlgoMutex), not per stream: a CUDA-graph capture runs on a fresh stream, and a
+// per-stream record would make the capture retry (and so re-plan inside cuDNN) a call the warm-up run already
+// saw refused.
+std::set<std::vector<int64_t>>& FusedRefused() {
+  static auto* refused = new std::set<std::vector<int64_t>>();
+  return *refused;
+}
+
 // Descriptors of one convolution on one stream (host objects; creating them per call would cost microseconds).
 struct ConvPlan {
   const CudnnApi* dnn = nullptr;
@@ -767,7 +787,6 @@ struct ConvPlan {
   cudnnActivationDescriptor_t relu = nullptr, identity = nullptr;
   bool have_algo = false;
   ConvAlgo algo{};
-  bool fused_unsupported = false;  // cuDNN refused the fused call once: use the unfused path from then on
   ~ConvPlan() {
     if (!dnn) return;
     if (x) dnn->cudnnDestroyTensorDescriptor(x);
@@ -936,7 +955,7 @@ void RunConvUnfused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p
 
 // cudnnConvolutionBiasActivationForward: y = act(alpha1 * conv(x, w) + alpha2 * z + bias). cuDNN requires a bias,
 // and allows the identity activation only with IMPLICIT_PRECOMP_GEMM. Returns false when cuDNN refuses the
-// configuration (CUDNN_STATUS_NOT_SUPPORTED), so the caller falls back to the unfused path.
+// configuration (a CUDNN_STATUS_NOT_SUPPORTED* status), so the caller falls back to the unfused path.
 bool RunConvFused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, const ConvArgs& a, void* ws,
                   size_t ws_size) {
   const float one = 1.0f;
@@ -946,7 +965,10 @@ bool RunConvFused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, 
   cudnnStatus_t status = dnn.cudnnConvolutionBiasActivationForward(
       handle, &one, p.x, DataPtr(a.x), p.w, DataPtr(a.w), p.conv, p.algo.algo, ws, ws_size, &alpha2, p.y, z, p.bias,
       DataPtr(a.bias), a.relu ? p.relu : p.identity, p.y, DataPtr(a.out));
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) return false;
+  // cuDNN 9 reports refusals with sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE = 3002, ..._LAYOUT, ...; see
+  // cudnn_graph.h): compare the category (CUDNN_STATUS_CATEGORY, thousands), not the bare 3000, or a refusal
+  // would be raised as an error instead of falling back.
+  if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) return false;
   CheckCudnn(dnn, status, "cudnnConvolutionBiasActivationForward", kConv2d);
   return true;
 }
@@ -967,8 +989,18 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   std::unique_ptr<ConvPlan>& plan = ctx.conv_plans[ConvKey(a)];
   if (!plan) plan = MakeConvPlan(dnn, a);
   if (!plan->have_algo) {
+    // Search under the base math type: a heuristic pick made during a capture may have left another one on this
+    // descriptor, and Find/the heuristic only consider what the descriptor's math type permits.
+    TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnSetConvolutionMathType, plan->conv, BaseMath(a));
     ConvAlgo algo = ChooseConvAlgo(rt, dnn, handle, *plan, a, capturing);
     TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnSetConvolutionMathType, plan->conv, algo.math);
+    // The sizes above were taken under the base math type; ask again under the one the call will run with and
+    // keep the larger, so the workspace can never be short (a short workspace fails the call).
+    size_t need = 0;
+    if (dnn.cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, algo.algo,
+                                                    &need) == CUDNN_STATUS_SUCCESS) {
+      algo.workspace = std::max(algo.workspace, need);
+    }
     // A heuristic pick (during a capture) is not remembered: the next call outside a capture measures.
     std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
     plan->have_algo = ConvAlgoCache().count(ConvKey(a)) > 0;
@@ -979,9 +1011,20 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
 
   const bool fusable =
       a.has_bias && (a.relu || plan->algo.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-  if (fusable && !plan->fused_unsupported) {
-    if (RunConvFused(dnn, handle, *plan, a, ws, ws_size)) return;
-    plan->fused_unsupported = true;
+  if (fusable) {
+    std::vector<int64_t> fused_key = ConvKey(a);
+    fused_key.push_back(a.relu);
+    fused_key.push_back(static_cast<int64_t>(plan->algo.algo));
+    bool refused;
+    {
+      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+      refused = FusedRefused().count(fused_key) > 0;
+    }
+    if (!refused) {
+      if (RunConvFused(dnn, handle, *plan, a, ws, ws_size)) return;
+      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+      FusedRefused().insert(std::move(fused_key));
+    }
   }
   RunConvUnfused(dnn, handle, *plan, a, ws, ws_size);
   (void)rv;
@@ -1086,7 +1129,9 @@ std::vector<int64_t> DenseKey(const DenseArgs& a) {
 //   w_transposed=0: w is row-major [K, N] = column-major [N, K] (ld N); op(A) = N.
 //   x is row-major [M, K] = column-major [K, M] (ld K); op(B) = N.  D is column-major [N, M] (ld N).
 // The bias epilogue adds a vector of length rows(D) = N to every column: bias[n] to out[m, n].
-std::unique_ptr<DensePlan> MakeDensePlan(const CublasLtApi& lt, cublasLtHandle_t handle, const DenseArgs& a) {
+// `bias` is the bias pointer the call will use (DataPtr(a.bias) or its aligned copy; nullptr without a bias).
+std::unique_ptr<DensePlan> MakeDensePlan(const CublasLtApi& lt, cublasLtHandle_t handle, const DenseArgs& a,
+                                         const void* bias) {
   const char* caller = kDense;
   auto p = std::make_unique<DensePlan>();
   p->lt = &lt;
@@ -1103,8 +1148,7 @@ std::unique_ptr<DensePlan> MakeDensePlan(const CublasLtApi& lt, cublasLtHandle_t
                                        : (a.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
   TVM_INTEROP_CUBLAS_CALL(lt, caller, cublasLtMatmulDescSetAttribute, p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                           &epilogue, sizeof(epilogue));
-  if (a.has_bias) {  // the heuristic looks at the bias pointer's alignment; the call sets it again every time
-    const void* bias = DataPtr(a.bias);
+  if (a.has_bias) {  // set for the heuristic too; the call sets it again every time
     TVM_INTEROP_CUBLAS_CALL(lt, caller, cublasLtMatmulDescSetAttribute, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                             &bias, sizeof(bias));
   }
@@ -1159,11 +1203,23 @@ void Dense(ffi::PackedArgs args, ffi::Any* rv) {
   std::lock_guard<std::mutex> lock(ctx.mu);
   cublasLtHandle_t handle = EnsureLtHandle(rt, lt, ctx, capturing, caller);
 
+  // The bias epilogue's pointer has no alignment preference (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_* cover A, B,
+  // C and D only), so a kernel the heuristic picks may load the bias 16 bytes at a time and fault with a
+  // misaligned address (a sticky error that ends the CUDA context) on a bias that is only 4-byte aligned. Such a
+  // bias is first copied, on the stream, into an aligned buffer of this stream's context; the copy is a plain
+  // memcpy node under capture, and stream order keeps the buffer's reuse safe.
+  const void* bias = a.has_bias ? DataPtr(a.bias) : nullptr;
+  if (bias != nullptr && Alignment(bias) < 16) {
+    const size_t bytes = static_cast<size_t>(a.N) * sizeof(float);
+    void* copy = EnsureBuffer(rt, ctx, ctx.bias_copy, ctx.bias_copy_size, bytes, capturing, caller);
+    TVM_INTEROP_CUDA_CALL(rt, caller, cudaMemcpyAsync, copy, bias, bytes, cudaMemcpyDeviceToDevice, stream);
+    bias = copy;
+  }
+
   std::unique_ptr<DensePlan>& plan = ctx.dense_plans[DenseKey(a)];
-  if (!plan) plan = MakeDensePlan(lt, handle, a);  // host-only heuristic: fine during a capture
+  if (!plan) plan = MakeDensePlan(lt, handle, a, bias);  // host-only heuristic: fine during a capture
   void* ws = EnsureWorkspace(rt, ctx, plan->workspace, capturing, caller);
   if (a.has_bias) {
-    const void* bias = DataPtr(a.bias);
     TVM_INTEROP_CUBLAS_CALL(lt, caller, cublasLtMatmulDescSetAttribute, plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                             &bias, sizeof(bias));
   }
