@@ -304,3 +304,21 @@ def test_library_stages_in_a_bundle_and_auto_by_the_table(tmp_path):
     tvm_unit = next(u for u in cm.program.graph.units if u.name in faster_in_tvm)
     assert model.unit_latency(lib_unit) == pytest.approx(10e-6)
     assert model.unit_latency(tvm_unit) == pytest.approx(20e-6)
+
+
+def test_cli_compile_with_library_units_and_reused_events(capsys):
+    """``tvm-interop compile --target cuda --units cudnn --sync events``: the summary says what runs as a library
+    call and what stays in TVM, and the JSON carries the same."""
+    from tvm_interop.cli import main
+
+    missing = _extension_missing()
+    if missing:
+        pytest.skip(f"cannot build the native extension here: {missing}")
+    assert main(["compile", "randwire", "--target", "cuda", "--width", "0.125", "--image-size", "32",
+                 "--scheduler", "greedy", "--units", "cudnn", "--sync", "events", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "library units:" in out and "cudnn" in out and "left to TVM" in out and "T_multiply" in out
+    assert main(["compile", "squeezenet", "--target", "cuda", "--width", "0.125", "--image-size", "32",
+                 "--units", "cudnn", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["library_units"]["units"] == "cudnn" and len(summary["library_units"]["offloaded"]) == 26
