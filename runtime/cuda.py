@@ -27,8 +27,6 @@ when the VM is created, passes the handles to every run and frees them (after a 
 """
 from __future__ import annotations
 
-import ctypes
-import glob
 import logging
 import os
 from pathlib import Path
@@ -65,24 +63,14 @@ def cuda_runtime_available() -> bool:
 
 
 def _preload_cudart() -> None:
-    """Make ``libcudart.so.13`` loadable: it may live in a pip package (``nvidia-cuda-runtime``) or a toolkit."""
-    candidates: list[str] = []
-    for base in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
-        candidates += glob.glob(os.path.join(base, "lib64", "libcudart.so*"))
-        candidates += glob.glob(os.path.join(base, "lib", "libcudart.so*"))
-    try:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_runtime/lib
-        import nvidia  # type: ignore
+    """Make ``libcudart.so.13`` loadable: it may live in a pip package (``nvidia-cuda-runtime``) or a toolkit
+    (the same search the native extension's libraries get, ``native_libs.preload_library``)."""
+    from .native_libs import preload_library
 
-        for root in list(getattr(nvidia, "__path__", [])):
-            candidates += glob.glob(os.path.join(root, "*", "lib", "libcudart.so*"))
-    except ImportError:
-        pass
-    for path in sorted(candidates, key=len):
-        try:
-            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            return
-        except OSError:
-            continue
+    try:
+        preload_library("libcudart.so.13")
+    except OSError as e:   # ensure_cuda_runtime reports the failure of the load it retries
+        log.debug("%s", e)
 
 
 def ensure_cuda_runtime() -> None:
