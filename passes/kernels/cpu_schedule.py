@@ -68,6 +68,7 @@ _MIN_REPACK_REUSE = 16  # repack a weight only if each element is then used this
 _REPACK_IN_DEST_ORDER = True
 _ACC_REGS = (5, 8)  # fraction of the vector registers that hold the accumulator tile
 _ACC_REGS_1X1 = (13, 16)  # ... for a reduction over one axis, with 32 registers (AVX-512): 26 (13 rows x 2)
+_REORDER_MIN_INPUT_BYTES = 1 << 20  # an activation up to a typical per-core L2 is re-read from cache anyway
 _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operand reuse is memory bound
 
 
@@ -546,6 +547,37 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
 
+def _order_outer_for_reuse(sch, stmt, spatial, outer: list, v, vc) -> list:
+    """Outer tile loops reordered so that the biggest operand is read from cache, not memory.
+
+    Spatial order puts the vector axis's tile loop (output channels) outermost, so a convolution sweeps its
+    whole input once per block of output channels. When the activation is bigger than the (repacked) weights
+    (early layers: 1x1 convs at 56x56 read 3 MB of input against 64-256 KB of weights), that re-reads the input
+    from L3/DRAM for every channel block; iterating the channel blocks innermost instead keeps the input tile in
+    L1 and the weights in L2. Where the weights are bigger (late layers), the spatial order already reuses them.
+    Measured (2-core Xeon, AVX-512, one process, interleaved): ResNet-50 40.6 -> 36.9 ms; GoogLeNet, SqueezeNet
+    and Inception-v3 unchanged. ``TVM_INTEROP_OUTER_ORDER=spatial`` restores the old order (for A/B runs).
+    """
+    if os.environ.get("TVM_INTEROP_OUTER_ORDER", "reuse") == "spatial":
+        return outer
+    pos_v = next((i for i, (_, iv) in enumerate(spatial) if iv.same_as(v)), None)
+    if pos_v is None:
+        return outer
+
+    def nbytes(rd):
+        buf = _buf(rd)
+        return math.prod(_int(d) or 1 for d in buf.shape) * (tvm.DataType(buf.dtype).bits // 8)
+
+    indep = [rd for rd in stmt.reads if not _region_uses(rd, v.var)]  # the activation, for a conv over channels
+    dep = [stmt.reads[i] for i in vc.deps]                            # the weights
+    if not indep or not dep:
+        return outer
+    big = max(map(nbytes, indep))
+    if big <= max(map(nbytes, dep)) or big <= _REORDER_MIN_INPUT_BYTES:
+        return outer
+    return [lp for i, lp in enumerate(outer) if i != pos_v] + [outer[pos_v]]
+
+
 def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     red, prologue, epilogue = _prepare(sch)
     stmt = sch.get(red)
@@ -603,6 +635,7 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
         else:
             outer.append(lp)
     red_loops = [lp for lp, _ in reduction]
+    outer = _order_outer_for_reuse(sch, stmt, spatial, outer, v, vc)
     sch.reorder(*outer, *red_loops, *([ui] if ui is not None else []), vi)
 
     # accumulate in a local (register) tile, written back (with the epilogue) after the reduction
