@@ -68,6 +68,7 @@ _MIN_REPACK_REUSE = 16  # repack a weight only if each element is then used this
 _REPACK_IN_DEST_ORDER = True
 _ACC_REGS = (5, 8)  # fraction of the vector registers that hold the accumulator tile
 _ACC_REGS_1X1 = (13, 16)  # ... for a reduction over one axis, with 32 registers (AVX-512): 26 (13 rows x 2)
+_MIN_PARALLEL_BYTES = 1 << 21  # ... or bytes of its biggest operand above which threads pay (memory bound)
 _REORDER_MIN_INPUT_BYTES = 1 << 20  # an activation up to a typical per-core L2 is re-read from cache anyway
 _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operand reuse is memory bound
 
@@ -547,6 +548,12 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
 
+def _nbytes(region) -> int:
+    """Bytes of the buffer that ``region`` reads (its whole buffer, not the region)."""
+    buf = _buf(region)
+    return math.prod(_int(d) or 1 for d in buf.shape) * (tvm.DataType(buf.dtype).bits // 8)
+
+
 def _order_outer_for_reuse(sch, stmt, spatial, outer: list, v, vc) -> list:
     """Outer tile loops reordered so that the biggest operand is read from cache, not memory.
 
@@ -564,16 +571,12 @@ def _order_outer_for_reuse(sch, stmt, spatial, outer: list, v, vc) -> list:
     if pos_v is None:
         return outer
 
-    def nbytes(rd):
-        buf = _buf(rd)
-        return math.prod(_int(d) or 1 for d in buf.shape) * (tvm.DataType(buf.dtype).bits // 8)
-
     indep = [rd for rd in stmt.reads if not _region_uses(rd, v.var)]  # the activation, for a conv over channels
     dep = [stmt.reads[i] for i in vc.deps]                            # the weights
     if not indep or not dep:
         return outer
-    big = max(map(nbytes, indep))
-    if big <= max(map(nbytes, dep)) or big <= _REORDER_MIN_INPUT_BYTES:
+    big = max(map(_nbytes, indep))
+    if big <= max(map(_nbytes, dep)) or big <= _REORDER_MIN_INPUT_BYTES:
         return outer
     return [lp for i, lp in enumerate(outer) if i != pos_v] + [outer[pos_v]]
 
@@ -654,7 +657,10 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     wb_loops = sch.get_loops(write_back)[len(outer):]
     if wb_loops and not vc.transpose_acc and _extent(sch, wb_loops[-1]) > 1:
         sch.vectorize(wb_loops[-1])
-    _parallel_outer(sch, outer, work, cfg, _MIN_PARALLEL_MACS)
+    # a kernel that streams a big operand (batch-1 dense: 4 MB of weights for 1 M multiply-adds) is bound by
+    # memory bandwidth, which a second core adds to: threads by bytes as well as by multiply-adds
+    streamed = max(_nbytes(rd) for rd in stmt.reads)
+    _parallel_outer(sch, outer, work, cfg, 0 if streamed >= _MIN_PARALLEL_BYTES else _MIN_PARALLEL_MACS)
     if red_loops:
         init = sch.decompose_reduction(red, red_loops[0])
         init_last = sch.get_loops(init)[-1]
