@@ -18,6 +18,7 @@ from tvm_interop.runtime.model import CONSTANTS_FUNC, PLAN_FUNC
 from tvm_interop.runtime.plan import ExecutionPlan
 
 from .extract import Program
+from .layout import program_layout
 from .schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     target = normalize_target(target)
     mode = mode or plan.meta.get("mode", "stage")
     is_cuda = target.kind.name == "cuda"
+    layout = program_layout(program)   # read before the repack, which rebuilds the module
     if target.kind.name == "llvm":   # weights repacked once here, not on every call (the library only)
         from .kernels.prepack import prepack_weights
 
@@ -90,6 +92,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
         if library_units:
             plan.meta["library_units"] = library_units
     plan.meta["sync"] = "events" if events else "tvm"
+    plan.meta["layout"] = layout
     refused: dict[str, str] = {}   # graph functions the build's own rewrite did not capture, and why
 
     def graph_ok(low):

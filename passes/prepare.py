@@ -17,6 +17,7 @@ from tvm import relax
 
 from tvm_interop.runtime.errors import UnsupportedModelError
 
+from .layout import blocked_convs, layout_block, legalize_map, resolve_layout, to_nchwc
 from .target import normalize_target
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def _unlegalized_ops(mod: tvm.IRModule) -> list[str]:
 
 
 CONV_ATTRS = "tvm_interop.conv_attrs"
+LAYOUT_ATTR = "tvm_interop.layout"  # module attribute: JSON {"layout": "nchw"|"nchwc", "block", "blocked_convs", "convs"}
 CPU_SCHEDULED = "tvm_interop.cpu_scheduled"  # module attribute: PrimFuncs carry the default CPU schedules
 
 
@@ -115,12 +117,16 @@ def collect_conv_attrs(mod: tvm.IRModule) -> dict[str, dict]:
 
 
 def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
-            cpu_schedule: bool = True) -> tvm.IRModule:
+            cpu_schedule: bool = True, layout: str = "auto") -> tvm.IRModule:
     """Check ``mod`` and run legalize + fusion. Returns the fused module (main = call_tir bindings).
 
     For CPU targets the fused kernels also get the default CPU schedules (``passes.kernels.cpu_schedule``:
     tiling, vectorisation, parallel loops) unless ``cpu_schedule=False``: TVM's untuned CPU kernels are naive, and
     scheduling operators that are 40x slower than they need to be would optimise the wrong thing.
+
+    ``layout``: ``"auto"`` (default: channel-blocked ``NCHW[c]c`` activations on CPU targets, NCHW elsewhere),
+    ``"nchw"`` (TVM's layout) or ``"nchwc"`` (``passes.layout``). The result records it in the module attribute
+    ``tvm_interop.layout``.
     """
     if not isinstance(mod, tvm.IRModule):
         raise UnsupportedModelError(f"expected a tvm.IRModule, got {type(mod).__name__}")
@@ -128,7 +134,23 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
     t0 = time.perf_counter()
     conv_table = collect_conv_attrs(mod)
     ctx_target = normalize_target(target) if target is not None else None
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+    try:
+        layout_info = {"layout": resolve_layout(layout, ctx_target)}
+    except ValueError as e:
+        raise UnsupportedModelError(str(e)) from None
+    if layout_info["layout"] == "nchwc":
+        block = layout_block(layout, ctx_target)
+        try:
+            mod = to_nchwc(mod, block)
+            layout_info.update(block=block, **dict(zip(("blocked_convs", "convs"), blocked_convs(mod))))
+        except Exception as e:  # noqa: BLE001 - TVM's ConvertLayout raises several types
+            why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            if layout != "auto":
+                raise UnsupportedModelError(f"TVM's ConvertLayout could not block this model's channels "
+                                            f"(layout={layout!r}): {why}; use layout='nchw'") from None
+            log.warning("layout: NCHW kept, TVM's ConvertLayout failed on this model: %s", why)
+            layout_info = {"layout": "nchw", "fallback": why}
+    passes = [relax.transform.LegalizeOps(legalize_map()), relax.transform.AnnotateTIROpPattern()]
     try:
         if ctx_target is not None:
             with ctx_target:
@@ -147,7 +169,7 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
         [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     )(legal)
     log.info("prepare: legalize + fuse took %.2f s", time.perf_counter() - t0)
-    fused = fused.with_attr(CONV_ATTRS, json.dumps(conv_table))
+    fused = fused.with_attr(CONV_ATTRS, json.dumps(conv_table)).with_attr(LAYOUT_ATTR, json.dumps(layout_info))
     kind = ctx_target.kind.name if ctx_target is not None else "llvm"
     if cpu_schedule and kind in ("llvm", "c"):
         from .kernels.cpu_schedule import apply_cpu_schedules

@@ -48,12 +48,15 @@ def load_module(model, batch_size: int = 1, image_size: int | None = None, width
     raise InteropError(f"cannot load a model from {type(model).__name__}; give a zoo name, an .onnx path or an IRModule")
 
 
-def prepare_program(mod, target="llvm", name: str = "model", cpu_schedule: bool = True):
-    """prepare (legalize + fuse, default CPU schedules on CPU targets) then extract: the Program and its OpGraph."""
+def prepare_program(mod, target="llvm", name: str = "model", cpu_schedule: bool = True, layout: str = "auto"):
+    """prepare (legalize + fuse, default CPU schedules on CPU targets) then extract: the Program and its OpGraph.
+
+    ``layout``: ``auto`` (channel-blocked activations on CPU, ``passes.layout``), ``nchw`` or ``nchwc``; a schedule
+    made for one layout's graph does not apply to the other's."""
     from tvm_interop.passes.extract import extract
     from tvm_interop.passes.prepare import prepare
 
-    return extract(prepare(mod, target, cpu_schedule=cpu_schedule), name=name)
+    return extract(prepare(mod, target, cpu_schedule=cpu_schedule, layout=layout), name=name)
 
 
 def model_graph(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0, **kw):
@@ -82,6 +85,14 @@ class CompiledModel:
 
     def run(self, *inputs, numpy: bool = True):
         return self.runner.run(*inputs, numpy=numpy)
+
+    @property
+    def layout(self) -> dict:
+        """The activation layout built (``passes.layout``): ``{"layout": "nchw"}`` or ``{"layout": "nchwc",
+        "block": c, "blocked_convs": k, "convs": n}``."""
+        from tvm_interop.passes.layout import program_layout
+
+        return program_layout(self.program)
 
     def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
         return self.runner.benchmark(*inputs, repeat=repeat, warmup=warmup)
@@ -130,7 +141,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             allow_device_mismatch: bool = False, cpu_schedule: bool = True,
             tuning_db: str | None = None, candidates: bool | None = None,
             cuda_arch: "str | list[str] | None" = None, fleet=None, fusion: str | None = None,
-            units: str = "tvm", tf32: bool = False, sync: str = "tvm") -> CompiledModel:
+            units: str = "tvm", tf32: bool = False, sync: str = "tvm", layout: str = "auto") -> CompiledModel:
     """Compile ``model`` with an inter-operator schedule.
 
     ``model``: a Relax IRModule, a zoo model name (``tvm_interop.models.list_models()``) or an ``.onnx`` path.
@@ -173,6 +184,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     by ~1e-3 relative). ``sync`` (CUDA): ``"tvm"`` (default; TVM's ``Device_StreamSyncFromTo``, which creates and
     destroys a CUDA event per call) or ``"events"`` (events created once per loaded model and reused, through the
     native extension linked into the export).
+    ``layout`` (CPU): ``"auto"`` (default: convolutions and the activations between them in ``NCHW[c]c``, ``c`` =
+    the CPU's vector width, as ONNX Runtime does; ``passes.layout``), ``"nchw"`` (TVM's layout) or ``"nchwc"``.
+    The inputs and outputs stay in the model's layout either way; ``.layout`` says what was built.
     """
     from tvm_interop.passes.build import build_library
     from tvm_interop.passes.lower import make_plan
@@ -218,6 +232,15 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     if units != "tvm" and _target_device_kind(normalize_target(target)) != "cuda":
         raise InteropError(f"units={units!r} runs convolutions with cuDNN / cuBLAS, which needs a CUDA target, not "
                            f"{target_text!r}")
+    from tvm_interop.passes.layout import check_layout
+
+    try:
+        check_layout(layout)
+    except ValueError as e:
+        raise InteropError(str(e)) from None
+    if layout not in ("auto", "nchw") and _target_device_kind(normalize_target(target)) != "cpu":
+        raise InteropError(f"layout={layout!r} blocks channels for a CPU's vectors; the target {target_text!r} "
+                           "keeps NCHW")
     target = normalize_target(target)
     device_kind = _target_device_kind(target)
     if cuda_graph is None:
@@ -232,7 +255,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         mod = apply_substitutions(mod, schedule.search["substitutions"])
 
     def prepare_for_build(m):
-        p = prepare_program(m, target, name=model_name, cpu_schedule=cpu_schedule)
+        p = prepare_program(m, target, name=model_name, cpu_schedule=cpu_schedule, layout=layout)
         if tuning_db is not None:
             import dataclasses
 

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
+from .nchwc import NCHWC_CONV
+
 log = logging.getLogger(__name__)
 
 __all__ = ["schedule_cpu", "apply_cpu_schedules", "vector_lanes"]
@@ -668,6 +670,74 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
             sch.vectorize(init_last)
 
 
+def _nchwc_tile(co_ext: int, ow_ext: int, acc_regs: int) -> tuple[int, int]:
+    """Register tile ``(co_t, ow_t)``: ``co_t * ow_t`` accumulator vectors, at most ``acc_regs``.
+
+    Each reduction step loads ``co_t`` weight vectors and broadcasts ``ow_t`` inputs for ``co_t * ow_t`` FMAs;
+    the score is the tile's size (FMA units busy, operands reused) discounted by the columns a ragged width
+    tile computes for nothing (a predicate on an unrolled loop: cheap) and preferring exact tiles.
+    """
+    best, best_score = (1, 1), -1.0
+    for co_t in (d for d in range(1, min(co_ext, 4) + 1) if co_ext % d == 0):
+        ow_t, exact = _choose_row_tile(ow_ext, max(1, acc_regs // co_t), co_t)
+        waste = ow_ext / (math.ceil(ow_ext / ow_t) * ow_t)
+        # loads per FMA: (co_t + ow_t) / (co_t * ow_t); fewer is better, more accumulators hide FMA latency
+        score = min(1.0, co_t * ow_t / 8) * waste * (1.0 if exact else 0.95) / ((co_t + ow_t) / (co_t * ow_t))
+        if score > best_score:
+            best, best_score = (co_t, ow_t), score
+    return best
+
+
+def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
+    """The reduction of ``passes.kernels.nchwc.conv2d_nchwc`` (recognised by its block annotation): a register
+    tile of ``co_t`` output-channel blocks x ``ow_t`` output columns, one vector of ``c`` channels each,
+    accumulated over (input-channel block, kh, kw, channel in block) and written back, with the epilogue, as
+    whole vectors (no transposition: the channels are innermost in the output too)."""
+    red, prologue, epilogue = _prepare(sch)
+    stmt = sch.get(red)
+    if NCHWC_CONV not in stmt.annotations:
+        raise _Skip("not a channel-blocked convolution")
+    spatial, reduction = _spatial_and_reduction_loops(sch, red)
+    if len(spatial) != 5 or len(reduction) != 4:
+        raise _Skip("unexpected loop nest")
+    (l_n, _), (l_co, iv_co), (l_oh, _), (l_ow, iv_ow), (l_ci, iv_ci) = spatial
+    lanes_blk = _int(iv_ci.dom.extent)
+    if not lanes_blk or lanes_blk % cfg.lanes:
+        raise _Skip(f"channel block {lanes_blk} is not a multiple of the vector width {cfg.lanes}")
+    one_by_one = all((_int(iv.dom.extent) or 2) == 1 for _, iv in reduction[1:3])
+    acc = max(cfg.acc_regs, cfg.acc_regs_1x1) if one_by_one else cfg.acc_regs
+    regs_per_vec = lanes_blk // cfg.lanes
+    co_t, ow_t = _nchwc_tile(_int(iv_co.dom.extent), _int(iv_ow.dom.extent), max(1, acc // regs_per_vec))
+
+    co_o, co_i = sch.split(l_co, factors=[None, co_t])
+    ow_o, ow_i = sch.split(l_ow, factors=[None, ow_t])
+    red_loops = [lp for lp, _ in reduction]
+    # input bigger than the weights and than L2 (early layers): channel blocks innermost among the tile loops, so
+    # the input tile stays in cache across them (see cpu_schedule._order_outer_for_reuse)
+    data_rd, w_rd = stmt.reads[0], stmt.reads[1]
+    if _nbytes(data_rd) > max(_nbytes(w_rd), _REORDER_MIN_INPUT_BYTES):
+        outer = [l_n, l_oh, ow_o, co_o]
+    else:
+        outer = [l_n, co_o, l_oh, ow_o]
+    sch.reorder(*outer, *red_loops, co_i, ow_i, l_ci)
+
+    write_back = sch.cache_write(red, 0, "local")
+    sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
+    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=True)
+    sch.unroll(co_i)
+    sch.unroll(ow_i)
+    sch.vectorize(l_ci)
+    wb_loops = sch.get_loops(write_back)[len(outer):]
+    if wb_loops:
+        sch.vectorize(wb_loops[-1])
+    work = _work(iv for _, iv in spatial + reduction)
+    _parallel_outer(sch, outer, work, cfg, _MIN_PARALLEL_MACS)
+    init = sch.decompose_reduction(red, red_loops[0])
+    init_last = sch.get_loops(init)[-1]
+    if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
+        sch.vectorize(init_last)
+
+
 def _plan_reduction_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     red, prologue, epilogue = _prepare(sch)
     stmt = sch.get(red)
@@ -775,6 +845,7 @@ def _plan_each_block(sch: s_tir.Schedule, cfg: _Cfg) -> None:
 
 
 _PLANS: list[tuple[str, Callable]] = [
+    ("nchwc_conv", _plan_nchwc_conv),   # only passes.kernels.nchwc's channel-blocked convolution
     ("light_reduction", _plan_light_reduction),
     ("spatial_vector", _plan_spatial_vector),
     ("reduction_vector", _plan_reduction_vector),

@@ -38,6 +38,10 @@ def register(sub) -> None:
     p.add_argument("--sync", default="tvm", choices=["tvm", "events"],
                    help="CUDA: order streams with TVM's per-call event (tvm, default) or with events created once per "
                         "loaded model and reused (events: the native extension, linked into the library)")
+    p.add_argument("--layout", default="auto", type=_layout_arg,
+                   help="CPU: activations between convolutions in NCHW[c]c, c = the vector width (auto, default, "
+                        "as ONNX Runtime does; nchw<N>c: block N), or in TVM's NCHW (nchw); inputs and outputs "
+                        "keep the model's layout")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
@@ -49,6 +53,18 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
+
+
+def _layout_arg(text: str) -> str:
+    """argparse type of ``--layout``: the message names the choices."""
+    import argparse
+
+    from tvm_interop.passes.layout import check_layout
+
+    try:
+        return check_layout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _wave_summary(s) -> dict | None:
@@ -74,7 +90,7 @@ def run(args) -> int:
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
                                  fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32,
-                                 sync=args.sync)
+                                 sync=args.sync, layout=args.layout)
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
@@ -97,6 +113,7 @@ def run(args) -> int:
         "wave_fusion": _wave_summary(s),
         "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
         "library_units": None if cm.offload is None else cm.offload.to_json(),
+        "layout": cm.layout,
     }
     if args.json:
         print_json(summary)
@@ -104,6 +121,10 @@ def run(args) -> int:
         print(f"{s.model_name}: {len(cm.graph)} units -> {s.num_stages} stages (scheduler {s.scheduler}, "
               f"max {s.max_concurrency()} concurrent groups)")
         print(f"target: {cm.target}")
+        if cm.layout["layout"] == "nchwc":
+            lay = cm.layout
+            print(f"layout: NCHW{lay['block']}c activations: {lay['blocked_convs']} of {lay['convs']} convolutions "
+                  "channel-blocked (the others' channels do not divide the block, or they are grouped)")
         if summary["kernel_threads"] is not None:
             print(f"kernel threads: {summary['kernel_threads']} per kernel call (TVM_NUM_THREADS; default: one per "
                   "physical core of this process)")

@@ -1,0 +1,170 @@
+"""Channel-blocked activations on CPU (``passes.layout``, ``passes.kernels.nchwc``): same numbers as TVM's build."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import relax, te, topi
+
+import tvm_interop
+from tvm_interop.models import get_model, list_models, small_config
+from tvm_interop.passes.kernels.cpu_schedule import schedule_cpu, vector_lanes
+from tvm_interop.passes.kernels.nchwc import conv2d_nchwc
+from tvm_interop.passes.layout import (blocked_convs, channel_block, resolve_layout, to_nchwc)
+from tvm_interop.passes.target import normalize_target
+from tvm_interop.runtime.errors import InteropError
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+HOST = normalize_target("llvm")
+
+
+def _input(mod, seed=0):
+    shape = [int(v) for v in mod["main"].params[0].ty.shape]
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_zoo_blocked_equals_plain_tvm(name):
+    """Every zoo model (small config) with 4-channel blocks (so the narrow configs block most convolutions; the
+    kernel is the same at any block) computes what a plain TVM build of the NCHW model computes, on a
+    concurrent schedule."""
+    mod = get_model(name, **small_config(name))
+    x = _input(mod)
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="greedy", guard=False, layout="nchw4c")
+    assert cm.layout["layout"] == "nchwc" and cm.layout["block"] == 4
+    assert cm.plan.meta["layout"] == cm.layout
+    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+
+
+def test_blocked_convs_per_model():
+    """Which convolutions get blocked: channels that divide the block, ungrouped (depthwise stays NCHW)."""
+    got = {n: blocked_convs(to_nchwc(get_model(n, **small_config(n)), 4)) for n in ("resnet50", "nasnet_a_mobile")}
+    assert got["resnet50"] == (16, 17)          # all but the stem (3 input channels)
+    assert got["nasnet_a_mobile"][0] == 0       # separable convs: grouped, and 1x1s between narrow odd widths
+
+
+def test_default_layout_on_cpu_is_blocked_and_matches():
+    """``layout="auto"`` (the default) blocks by the CPU's vector width; ``nchw`` keeps TVM's layout; both compute
+    the same numbers as TVM."""
+    mod = get_model("resnet50", **small_config("resnet50"))
+    x = _input(mod)
+    ref = tvm_interop.run_reference(mod, [x])
+    auto = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False)
+    plain = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw")
+    assert auto.layout["layout"] == "nchwc" and auto.layout["block"] == channel_block(HOST)
+    assert plain.layout == {"layout": "nchw"}
+    assert not any("NCHWc" in u.func_name for u in plain.program.calls.values())
+    np.testing.assert_allclose(auto.run(x), ref, **TOL)
+    np.testing.assert_allclose(plain.run(x), ref, **TOL)
+
+
+@pytest.mark.parametrize("shape", [
+    # (C, H, W, O, k, stride, pad, dilation)
+    (32, 14, 14, 32, 3, 1, 1, 1),
+    (16, 15, 13, 48, 3, 2, 1, 1),
+    (32, 9, 9, 16, 1, 1, 0, 1),
+    (16, 12, 12, 32, (1, 7), 1, (0, 3), 1),
+    (16, 11, 11, 16, 3, 1, 2, 2),
+    (64, 7, 7, 160, 1, 1, 0, 1),
+])
+def test_nchwc_kernel_scheduled_equals_topi(shape):
+    """The blocked convolution, scheduled by its plan with a block of the host's vector width, equals TOPI's
+    NCHW convolution on random shapes (strides, asymmetric kernels, padding, dilation, ragged widths)."""
+    c, h, w, o, k, s, p, d = shape
+    kh, kw = (k, k) if isinstance(k, int) else k
+    ph, pw = (p, p) if isinstance(p, int) else p
+    lanes = vector_lanes(HOST)
+    blk = lanes if c % lanes == 0 and o % lanes == 0 else 4
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, c, h, w)).astype("float32")
+    wt = rng.standard_normal((o, c, kh, kw)).astype("float32")
+    xb = x.reshape(1, c // blk, blk, h, w).transpose(0, 1, 3, 4, 2)
+    wb = wt.reshape(o // blk, blk, c // blk, blk, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    data = te.placeholder(xb.shape, name="data")
+    weight = te.placeholder(wb.shape, name="weight")
+    out = conv2d_nchwc(data, weight, (s, s), (ph, pw, ph, pw), (d, d))
+    func = te.create_prim_func([data, weight, out])
+    sched = schedule_cpu(func, HOST)
+    if blk % lanes == 0:
+        assert str(sched.attrs["tvm_interop.cpu_plan"]) == "nchwc_conv"
+    lib = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}), target=HOST)
+    res = tvm.runtime.tensor(np.zeros([int(v) for v in out.shape], "float32"))
+    lib["main"](tvm.runtime.tensor(xb), tvm.runtime.tensor(wb), res)
+    got = res.numpy().transpose(0, 1, 4, 2, 3).reshape(1, o, *res.shape[2:4])
+    ref = topi.nn.conv2d_nchw
+    xd, wd = te.placeholder(x.shape, name="x"), te.placeholder(wt.shape, name="w")
+    rf = te.create_prim_func([xd, wd, ref(xd, wd, (s, s), (ph, pw, ph, pw), (d, d))])
+    rlib = tvm.compile(tvm.IRModule({"main": rf.with_attr("global_symbol", "main")}), target=HOST)
+    want = tvm.runtime.tensor(np.zeros(got.shape, "float32"))
+    rlib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wt), want)
+    np.testing.assert_allclose(got, want.numpy(), **TOL)
+
+
+def test_layout_choices_and_refusals():
+    assert resolve_layout("auto", HOST) == "nchwc"
+    assert resolve_layout("nchw", HOST) == "nchw"
+    assert resolve_layout("auto", normalize_target("cuda")) == "nchw"
+    assert resolve_layout("auto", None) == "nchw"
+    with pytest.raises(ValueError, match="CPU"):
+        resolve_layout("nchwc", normalize_target("cuda"))
+    with pytest.raises(InteropError, match="unknown layout .nhwc.; choose one of auto, nchw, nchwc"):
+        tvm_interop.compile("squeezenet", target="llvm", layout="nhwc", **small_config("squeezenet"))
+    with pytest.raises(InteropError, match="CPU"):
+        tvm_interop.compile("squeezenet", target="cuda", layout="nchwc", **small_config("squeezenet"))
+    with pytest.raises(InteropError, match="block"):
+        tvm_interop.compile("squeezenet", target="llvm", layout="nchw0c", **small_config("squeezenet"))
+
+
+def test_exported_blocked_model_loads_and_matches(tmp_path):
+    """The deployable library of a blocked model runs with the same numbers after a reload."""
+    mod = get_model("googlenet", **small_config("googlenet"))
+    x = _input(mod)
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="greedy", guard=False, layout="nchw4c")
+    path = str(tmp_path / "g.so")
+    cm.export(path)
+    loaded = tvm_interop.load(path)
+    np.testing.assert_allclose(loaded.run(x), cm.run(x), rtol=1e-6, atol=1e-6)
+    assert loaded.plan.meta["layout"]["layout"] == "nchwc"
+
+
+def test_cli_compile_reports_layout(capsys):
+    from tvm_interop.cli import main
+
+    assert main(["compile", "resnet50", "--width", "0.125", "--image-size", "32", "--scheduler", "sequential",
+                 "--layout", "nchw8c", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["layout"]["layout"] == "nchwc" and summary["layout"]["block"] == 8
+    assert summary["layout"]["blocked_convs"] >= 1
+
+
+def test_fuzz_models_blocked_equal_plain_tvm():
+    """Random multi-branch CNNs and Inception/NASNet-like cells, blocked by 2 or 4 channels (their widths are
+    2-16, so most convolutions block): each equals plain TVM, or, where TVM's ConvertLayout itself fails (a
+    channel split it mis-infers), an explicit layout is refused by name and ``auto`` falls back to NCHW."""
+    from tvm_interop.fuzz import random_cell_model, random_input, random_model
+    from tvm_interop.runtime.errors import UnsupportedModelError
+
+    blocked, refused = 0, []
+    for seed in range(10):
+        for make in (random_model, random_cell_model):
+            mod, desc = make(seed)
+            x = random_input(mod, seed)
+            ref = tvm_interop.run_reference(mod, [x])
+            layout = f"nchw{2 + 2 * (seed % 2)}c"
+            try:
+                cm = tvm_interop.compile(mod, target="llvm", scheduler="greedy", guard=False, layout=layout)
+            except UnsupportedModelError as e:
+                assert "ConvertLayout" in str(e) and "layout='nchw'" in str(e), str(e)
+                refused.append(desc)
+                auto = tvm_interop.compile(mod, target="llvm", scheduler="greedy", guard=False)
+                assert auto.layout["layout"] == "nchw" and auto.layout["fallback"]
+                cm = auto
+            else:
+                blocked += cm.layout["blocked_convs"] > 0
+            out, want = cm.run(x), ref
+            for o, r in zip(out if isinstance(out, list) else [out], want if isinstance(want, list) else [want]):
+                np.testing.assert_allclose(o, r, **TOL, err_msg=f"{layout} {desc}")
+    assert blocked >= 5, (blocked, refused)   # 7 of the 20 block a convolution (measured)
