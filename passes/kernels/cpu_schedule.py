@@ -826,7 +826,30 @@ def _plan_injective(sch: s_tir.Schedule, cfg: _Cfg) -> None:
                 pass
         remaining.append(b)
     for b in remaining:
+        _iterate_in_output_order(sch, b)
         _schedule_spatial(sch, b, cfg)
+
+
+def _iterate_in_output_order(sch: s_tir.Schedule, block) -> None:
+    """Make a block that writes through computed indices iterate over its output instead.
+
+    A layout transform (NCHW -> NCHW16c: ``out[n, c // 16, h, w, c % 16] = in[n, c, h, w]``) iterates over its
+    input, so its stores are scattered 64 bytes apart and nothing vectorises: 229 us for SqueezeNet's 64x55x55
+    in a model. Iterating over the output (when the index map is a bijection, which TVM checks) gives contiguous
+    stores of whole vectors; the reads become a 16-lane gather from 16 planes, each line of which the next 15
+    columns reuse. Blocks whose innermost store index is an iterator already store contiguously: left alone.
+    """
+    stmt = sch.get(block)
+    if len(stmt.writes) != 1:
+        return
+    region = stmt.writes[0].region
+    ivars = [iv.var for iv in stmt.iter_vars]
+    if isinstance(region[-1].min, tirx.Var) or len(region) < len(ivars):
+        return   # the innermost store index is an iterator: stores already contiguous (NCHWc -> NCHW: 24 us)
+    try:
+        sch.transform_block_layout(block, tirx.IndexMap(ivars, [r.min for r in region], None))
+    except Exception as err:  # noqa: BLE001 - not a bijection (a pad, a slice): keep the input order
+        log.debug("transform_block_layout of %s failed: %s", stmt.name_hint, err)
 
 
 def _plan_each_block(sch: s_tir.Schedule, cfg: _Cfg) -> None:
