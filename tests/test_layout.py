@@ -42,7 +42,7 @@ def test_zoo_blocked_equals_plain_tvm(name):
 def test_blocked_convs_per_model():
     """Which convolutions get blocked: channels that divide the block, ungrouped (depthwise stays NCHW)."""
     got = {n: blocked_convs(to_nchwc(get_model(n, **small_config(n)), 4)) for n in ("resnet50", "nasnet_a_mobile")}
-    assert got["resnet50"] == (16, 17)          # all but the stem (3 input channels)
+    assert got["resnet50"] == (17, 17)          # the stem too: it reads NCHW (3 channels), writes blocks
     assert got["nasnet_a_mobile"][0] == 0       # separable convs: grouped, and 1x1s between narrow odd widths
 
 
@@ -168,3 +168,32 @@ def test_fuzz_models_blocked_equal_plain_tvm():
             for o, r in zip(out if isinstance(out, list) else [out], want if isinstance(want, list) else [want]):
                 np.testing.assert_allclose(o, r, **TOL, err_msg=f"{layout} {desc}")
     assert blocked >= 5, (blocked, refused)   # 7 of the 20 block a convolution (measured)
+
+
+@pytest.mark.parametrize("shape", [(3, 23, 23, 32, 3, 2, 0), (3, 20, 20, 16, 7, 2, 3)])
+def test_stem_kernel_reads_nchw_writes_blocks(shape):
+    """The stem's convolution (3 input channels: read as NCHW, written as NCHW[c]c), scheduled by the blocked
+    plan, equals TOPI's NCHW convolution."""
+    from tvm_interop.passes.kernels.nchwc import conv2d_nchw_to_nchwc
+
+    c, h, w, o, k, s, p = shape
+    blk = vector_lanes(HOST) if o % vector_lanes(HOST) == 0 else 4
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, c, h, w)).astype("float32")
+    wt = rng.standard_normal((o, c, k, k)).astype("float32")
+    wb = np.ascontiguousarray(wt.reshape(o // blk, blk, c, k, k).transpose(0, 2, 3, 4, 1))
+    data, weight = te.placeholder(x.shape, name="data"), te.placeholder(wb.shape, name="weight")
+    out = conv2d_nchw_to_nchwc(data, weight, (s, s), (p, p, p, p), (1, 1))
+    sched = schedule_cpu(te.create_prim_func([data, weight, out]), HOST)
+    if blk % vector_lanes(HOST) == 0:
+        assert str(sched.attrs["tvm_interop.cpu_plan"]) == "nchwc_conv"
+    lib = tvm.compile(tvm.IRModule({"main": sched.with_attr("global_symbol", "main")}), target=HOST)
+    res = tvm.runtime.tensor(np.zeros([int(v) for v in out.shape], "float32"))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wb), res)
+    got = res.numpy().transpose(0, 1, 4, 2, 3).reshape(1, o, *res.shape[2:4])
+    xd, wd = te.placeholder(x.shape, name="x"), te.placeholder(wt.shape, name="w")
+    rf = te.create_prim_func([xd, wd, topi.nn.conv2d_nchw(xd, wd, (s, s), (p, p, p, p), (1, 1))])
+    rlib = tvm.compile(tvm.IRModule({"main": rf.with_attr("global_symbol", "main")}), target=HOST)
+    want = tvm.runtime.tensor(np.zeros(got.shape, "float32"))
+    rlib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wt), want)
+    np.testing.assert_allclose(got, want.numpy(), **TOL)

@@ -698,7 +698,7 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     if NCHWC_CONV not in stmt.annotations:
         raise _Skip("not a channel-blocked convolution")
     spatial, reduction = _spatial_and_reduction_loops(sch, red)
-    if len(spatial) != 5 or len(reduction) != 4:
+    if len(spatial) != 5 or len(reduction) not in (3, 4):   # 3: the stem's NCHW input (conv2d_nchw_to_nchwc)
         raise _Skip("unexpected loop nest")
     (l_n, _), (l_co, iv_co), (l_oh, _), (l_ow, iv_ow), (l_ci, iv_ci) = spatial
     lanes_blk = _int(iv_ci.dom.extent)

@@ -54,3 +54,31 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides, padding, dilation)
             data[b, rco, y * sh + ry * dh, x * sw + rx * dw, rci] * weight[co, rco, ry, rx, rci, ci],
             axis=[rco, ry, rx, rci]),
         name="conv2d_NCHWc", attrs={NCHWC_CONV: 1})
+
+
+def conv2d_nchw_to_nchwc(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    """A convolution that reads NCHW and writes ``NCHW[c]c``: ``weight`` ``[O/c, C, KH, KW, c]`` (``OIHW[c]o``).
+
+    For the stem (3 input channels: nothing to block on the input side), whose short reduction makes a
+    transposed NCHW write-back as costly as the arithmetic (``passes.layout.block_stems``).
+    """
+    n, ic, ih, iw = (int(v) for v in data.shape)
+    oco, ic2, kh, kw, oci = (int(v) for v in weight.shape)
+    if ic != ic2:
+        raise ValueError(f"conv2d_nchw_to_nchwc: data {list(data.shape)} and weight {list(weight.shape)} disagree "
+                         "on the input channels")
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilation)
+    pt, pl, pb, pr = (int(v) for v in padding)
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_nchw")
+    oh = (ih + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (iw + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    rc = te.reduce_axis((0, ic), "rc")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (n, oco, oh, ow, oci),
+        lambda b, co, y, x, ci: te.sum(
+            data[b, rc, y * sh + ry * dh, x * sw + rx * dw] * weight[co, rc, ry, rx, ci], axis=[rc, ry, rx]),
+        name="conv2d_NCHWc", attrs={NCHWC_CONV: 1})
