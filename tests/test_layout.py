@@ -41,9 +41,19 @@ def test_zoo_blocked_equals_plain_tvm(name):
 
 def test_blocked_convs_per_model():
     """Which convolutions get blocked: channels that divide the block, ungrouped (depthwise stays NCHW)."""
-    got = {n: blocked_convs(to_nchwc(get_model(n, **small_config(n)), 4)) for n in ("resnet50", "nasnet_a_mobile")}
-    assert got["resnet50"] == (17, 17)          # the stem too: it reads NCHW (3 channels), writes blocks
-    assert got["nasnet_a_mobile"][0] == 0       # separable convs: grouped, and 1x1s between narrow odd widths
+    got = {n: to_nchwc(get_model(n, **small_config(n)), 4) for n in ("resnet50", "nasnet_a_mobile")}
+    assert blocked_convs(got["resnet50"]) == (17, 17)   # the stem too: it reads NCHW (3 channels), writes blocks
+    blocked, total = blocked_convs(got["nasnet_a_mobile"])
+    assert 0 < blocked < total
+    grouped_blocked = []
+
+    def visit(e):
+        if (isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.nn.conv2d"
+                and int(e.attrs.groups) > 1 and str(e.attrs.out_layout) != "NCHW"):
+            grouped_blocked.append(e)
+
+    relax.analysis.post_order_visit(got["nasnet_a_mobile"]["main"].body, visit)
+    assert not grouped_blocked                  # depthwise / grouped convolutions stay NCHW
 
 
 def test_default_layout_on_cpu_is_blocked_and_matches():
@@ -197,3 +207,17 @@ def test_stem_kernel_reads_nchw_writes_blocks(shape):
     want = tvm.runtime.tensor(np.zeros(got.shape, "float32"))
     rlib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wt), want)
     np.testing.assert_allclose(got, want.numpy(), **TOL)
+
+
+def test_classifier_with_unblockable_channels_is_padded():
+    """SqueezeNet's 1000-class convolution (1000 = 62.5 x 16) gets 8 zero filters so that it blocks too, then a
+    slice after its relu and pooling: the same output as plain TVM."""
+    from tvm_interop.passes.layout import pad_channels
+
+    mod = get_model("squeezenet", **small_config("squeezenet"))
+    _, padded = pad_channels(mod, 16)
+    assert padded == 1
+    x = _input(mod)
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw16c")
+    assert cm.layout["blocked_convs"] == cm.layout["convs"]
+    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
