@@ -212,7 +212,7 @@ def test_stem_kernel_reads_nchw_writes_blocks(shape):
 def test_classifier_with_unblockable_channels_is_padded():
     """SqueezeNet's 1000-class convolution (1000 = 62.5 x 16) gets 8 zero filters so that it blocks too, then a
     slice after its relu and pooling: the same output as plain TVM."""
-    from tvm_interop.passes.layout import pad_channels
+    from tvm_interop.passes.layout_rewrites import pad_channels
 
     mod = get_model("squeezenet", **small_config("squeezenet"))
     _, padded = pad_channels(mod, 16)
