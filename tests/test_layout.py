@@ -152,7 +152,7 @@ def test_cli_compile_reports_layout(capsys):
 
 def test_fuzz_models_blocked_equal_plain_tvm():
     """Random multi-branch CNNs and Inception/NASNet-like cells (6 seeds each), blocked by 2 or 4 channels (their widths are
-    2-16, so most convolutions block): each equals plain TVM, or, where TVM's ConvertLayout itself fails (a
+    2-16, so some convolutions block): each equals plain TVM, or, where TVM's ConvertLayout itself fails (a
     channel split it mis-infers), an explicit layout is refused by name and ``auto`` falls back to NCHW."""
     from tvm_interop.fuzz import random_cell_model, random_input, random_model
     from tvm_interop.runtime.errors import UnsupportedModelError
