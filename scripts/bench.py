@@ -162,10 +162,11 @@ def make_plain_tvm(mod, x, target):
                    "executor": "relax.VirtualMachine"})
 
 
-def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None):
+def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None, layout="auto"):
     import tvm
 
-    cm = tvm_interop.compile(mod, target=target, scheduler=scheduler, cost=cost, name=name, tuning_db=tuning_db)
+    cm = tvm_interop.compile(mod, target=target, scheduler=scheduler, cost=cost, name=name, tuning_db=tuning_db,
+                             layout=layout)
     xt = tvm.runtime.tensor(x, tvm.cpu())
     s = cm.schedule
     search = {k: v for k, v in (s.search or {}).items() if isinstance(v, (int, float, str, bool))}
@@ -177,7 +178,8 @@ def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None):
                             "kept": cm.guard.keep_schedule}
     if tuning_db:
         details["tuning_db"] = tuning_db
-    label = f"interop:{scheduler}" + ("+tuned" if tuning_db else "")
+    details["layout"] = cm.layout
+    label = f"interop:{scheduler}" + ("+tuned" if tuning_db else "") + ("" if layout == "auto" else f"[{layout}]")
     return Config(label, "tvm-interop", lambda: cm.run(xt, numpy=False), lambda: cm.run(x),
                   cm.timings.get("total", 0.0), details, close=cm.close)
 
@@ -290,7 +292,9 @@ def bench_model(name: str, args, schedulers: list[str], log) -> dict:
     if not configs:
         raise RuntimeError(f"plain TVM build of {name} failed: {failed}")
     for s in schedulers:
-        add(f"interop:{s}", make_interop, mod, x, name, s, args.cost, args.target)
+        for lay in args.layouts:
+            tag = f"interop:{s}" + ("" if lay == "auto" else f"[{lay}]")
+            add(tag, make_interop, mod, x, name, s, args.cost, args.target, None, lay)
     if name in args.tuned:  # the same program with MetaSchedule-tuned kernels (tvm-interop tune ... --db DIR)
         add("interop:sequential+tuned", make_interop, mod, x, name, "sequential", args.cost, args.target,
             args.tuned[name])
@@ -486,6 +490,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                     help="add interop:sequential+tuned for MODEL with the kernels of tuning database DIR (tune it "
                          "at the same --width/--image-size: tvm-interop tune MODEL ... --db DIR); repeatable")
+    ap.add_argument("--layouts", default="auto", type=lambda t: [v.strip() for v in t.split(",") if v.strip()],
+                    help="CPU activation layouts of our programs, each its own row: auto (default: NCHW[c]c), "
+                         "nchw, nchwc, nchw<N>c; e.g. auto,nchw compares the blocked layout with TVM's")
     ap.add_argument("--out", default="docs/benchmarks", help="output prefix: writes OUT.json and OUT.md")
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed configurations")
     args = ap.parse_args(argv)
