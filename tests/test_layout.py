@@ -221,3 +221,27 @@ def test_classifier_with_unblockable_channels_is_padded():
     cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw16c")
     assert cm.layout["blocked_convs"] >= 1   # the classifier (the narrow config's others have 8-channel widths)
     np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+
+
+def test_cli_schedule_searches_the_graph_of_the_build_it_is_for(tmp_path, capsys):
+    """``tvm-interop schedule`` under a GPU cost (the default sim:h100) searches the NCHW graph a CUDA build
+    prepares; under sim:cpu the blocked graph a CPU build prepares: each schedule validates against its build."""
+    from tvm_interop.api import load_module, prepare_program
+    from tvm_interop.cli import main
+    from tvm_interop.cli.schedule_cmd import graph_layout_for_cost
+    from tvm_interop.passes.schedule import Schedule
+
+    assert [graph_layout_for_cost(c) for c in ("sim:h100", "table:t.json", "sim:cpu", "measured", "unit")] == \
+        ["nchw", "nchw", "auto", "auto", "auto"]
+    kw = dict(width=0.25, image_size=32)
+    mod, name = load_module("resnet50", **kw)
+    builds = {"sim:h100": prepare_program(mod, "cuda", name=name).graph,   # NCHW
+              "sim:cpu": prepare_program(mod, "llvm", name=name).graph}    # blocked by this CPU's width
+    assert len(builds["sim:h100"]) != len(builds["sim:cpu"])              # (layout transforms are units)
+    for cost, graph in builds.items():
+        out = tmp_path / f"{cost.replace(':', '_')}.json"
+        args = ["schedule", "resnet50", "--width", "0.25", "--image-size", "32", "--scheduler", "greedy",
+                "--cost", cost, "-o", str(out), "--quiet"]
+        assert main(args) == 0
+        capsys.readouterr()
+        Schedule.load(str(out)).validate(graph)

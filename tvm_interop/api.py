@@ -59,10 +59,12 @@ def prepare_program(mod, target="llvm", name: str = "model", cpu_schedule: bool 
     return extract(prepare(mod, target, cpu_schedule=cpu_schedule, layout=layout), name=name)
 
 
-def model_graph(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0, **kw):
-    """The OpGraph of a zoo model / ONNX file / IRModule (what the schedulers see)."""
+def model_graph(model, batch_size: int = 1, image_size: int | None = None, width: float = 1.0,
+                layout: str = "auto", **kw):
+    """The OpGraph of a zoo model / ONNX file / IRModule (what the schedulers see) as a CPU build prepares it;
+    ``layout="nchw"`` gives the graph of a GPU build (GPU targets keep NCHW; ``passes.layout``)."""
     mod, name = load_module(model, batch_size=batch_size, image_size=image_size, width=width, **kw)
-    return prepare_program(mod, name=name).graph
+    return prepare_program(mod, name=name, layout=layout).graph
 
 
 @dataclass

@@ -170,7 +170,17 @@ def load_graph(args):
         return synthetic_model(model.split(":", 1)[1], batch=args.batch)
     from tvm_interop.api import model_graph
 
-    return model_graph(model, batch_size=args.batch, image_size=args.image_size, width=args.width)
+    return model_graph(model, batch_size=args.batch, image_size=args.image_size, width=args.width,
+                       layout=graph_layout_for_cost(args.cost))
+
+
+def graph_layout_for_cost(cost: str) -> str:
+    """The layout of the graph a schedule is searched on: the one of the build it is for. GPU costs (``sim:h100``,
+    ``sim:h200``, ``sim:v100``, device cost tables) schedule NCHW graphs, as GPU builds keep NCHW; CPU costs
+    (``sim:cpu``, ``unit``, timed ones) the default CPU layout (``passes.layout``)."""
+    spec = str(cost)
+    gpu = spec.startswith("table:") or (spec.startswith("sim:") and not spec[4:].startswith("cpu"))
+    return "nchw" if gpu else "auto"
 
 
 def run(args) -> int:
@@ -263,7 +273,9 @@ def _run_autograph(args, t0: float) -> int:
     status(args, f"autograph on {name} under {fingerprint} ...")
     t1 = time.perf_counter()
     with progress_logging(args):
-        result = run_autograph(mod, prepare=lambda m: prepare_program(m, "llvm", name=name), cost_for=cost_for,
+        layout = graph_layout_for_cost(args.cost)
+        result = run_autograph(mod, prepare=lambda m: prepare_program(m, "llvm", name=name, layout=layout),
+                               cost_for=cost_for,
                                device_kind="cpu" if args.cost in ("sim:cpu", "measured") or timed else "cuda",
                                cost_spec=args.cost if timed else fixed, options=opts, model_name=name,
                                batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
