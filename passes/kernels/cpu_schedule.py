@@ -7,6 +7,10 @@ hand-written schedule so that untuned builds are usable. It is generic: it inspe
 
 Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``):
 
+``nchwc_conv``
+    only the channel-blocked convolution of ``passes.kernels.nchwc`` (the CPU default layout, ``passes.layout``),
+    found by its block annotation: a register tile of ``co_t`` output-channel blocks x ``ow_t`` output columns,
+    one vector of ``c`` channels each, written back as whole vectors with the epilogue inlined.
 ``light_reduction``
     one reduction block with a small reduction (<= 64) and no operand reused across an output axis: pooling,
     depthwise conv. Memory bound: unroll the window, keep LLVM's vectoriser in charge, threads only for big
