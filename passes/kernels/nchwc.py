@@ -25,6 +25,21 @@ from tvm import te, topi
 NCHWC_CONV = "tvm_interop.nchwc_conv"
 
 
+def _padded_window(data: te.Tensor, kh: int, kw: int, strides, padding, dilation):
+    """``(padded data, oh, ow, (sh, sw), (dh, dw))`` of a convolution over ``data``'s axes 2 and 3 (H, W), for
+    NCHW and NCHW[c]c alike (a blocked input keeps its channel-in-block axis unpadded)."""
+    ih, iw = int(data.shape[2]), int(data.shape[3])
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilation)
+    pt, pl, pb, pr = (int(v) for v in padding)
+    if pt or pl or pb or pr:
+        extra = [0] * (len(data.shape) - 4)
+        data = topi.nn.pad(data, [0, 0, pt, pl, *extra], [0, 0, pb, pr, *extra], name="pad_conv")
+    oh = (ih + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (iw + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    return data, oh, ow, (sh, sw), (dh, dw)
+
+
 def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides, padding, dilation) -> te.Tensor:
     """``out[n, co, y, x, ci] = sum(pad(data)[n, k, y*sh + ry*dh, x*sw + rx*dw, ki] * weight[co, k, ry, rx, ki, ci])``.
 
@@ -32,18 +47,12 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides, padding, dilation)
     ``padding``: (top, left, bottom, right). Groups are not supported (the layout pass keeps grouped
     convolutions in NCHW).
     """
-    n, ico, ih, iw, ici = (int(v) for v in data.shape)
+    n, ico, _, _, ici = (int(v) for v in data.shape)
     oco, ico2, kh, kw, ici2, oci = (int(v) for v in weight.shape)
     if (ico, ici) != (ico2, ici2):
         raise ValueError(f"conv2d_nchwc: data {list(data.shape)} and weight {list(weight.shape)} disagree on "
                          "the input channels")
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilation)
-    pt, pl, pb, pr = (int(v) for v in padding)
-    if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0], name="pad_nchwc")
-    oh = (ih + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (iw + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    data, oh, ow, (sh, sw), (dh, dw) = _padded_window(data, kh, kw, strides, padding, dilation)
     rco = te.reduce_axis((0, ico), "rco")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
@@ -60,20 +69,14 @@ def conv2d_nchw_to_nchwc(data: te.Tensor, weight: te.Tensor, strides, padding, d
     """A convolution that reads NCHW and writes ``NCHW[c]c``: ``weight`` ``[O/c, C, KH, KW, c]`` (``OIHW[c]o``).
 
     For the stem (3 input channels: nothing to block on the input side), whose short reduction makes a
-    transposed NCHW write-back as costly as the arithmetic (``passes.layout.block_stems``).
+    transposed NCHW write-back as costly as the arithmetic (``passes.layout_rewrites.block_stems``).
     """
-    n, ic, ih, iw = (int(v) for v in data.shape)
+    n, ic, _, _ = (int(v) for v in data.shape)
     oco, ic2, kh, kw, oci = (int(v) for v in weight.shape)
     if ic != ic2:
         raise ValueError(f"conv2d_nchw_to_nchwc: data {list(data.shape)} and weight {list(weight.shape)} disagree "
                          "on the input channels")
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilation)
-    pt, pl, pb, pr = (int(v) for v in padding)
-    if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_nchw")
-    oh = (ih + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (iw + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    data, oh, ow, (sh, sw), (dh, dw) = _padded_window(data, kh, kw, strides, padding, dilation)
     rc = te.reduce_axis((0, ic), "rc")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
