@@ -245,3 +245,23 @@ def test_cli_schedule_searches_the_graph_of_the_build_it_is_for(tmp_path, capsys
         assert main(args) == 0
         capsys.readouterr()
         Schedule.load(str(out)).validate(graph)
+
+
+def test_cli_schedule_layout_option_overrides_the_cost_default(tmp_path, capsys):
+    """``schedule --layout nchw`` under a CPU cost searches the NCHW graph (what ``compile --layout nchw`` builds);
+    a bad layout is refused by argparse with the choices named; ``tune`` takes the same option."""
+    from tvm_interop.api import load_module, prepare_program
+    from tvm_interop.cli import main
+    from tvm_interop.passes.schedule import Schedule
+
+    mod, name = load_module("resnet50", width=0.25, image_size=32)
+    nchw = prepare_program(mod, "llvm", name=name, layout="nchw").graph
+    out = tmp_path / "s.json"
+    assert main(["schedule", "resnet50", "--width", "0.25", "--image-size", "32", "--scheduler", "greedy",
+                 "--cost", "sim:cpu", "--layout", "nchw", "-o", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    Schedule.load(str(out)).validate(nchw)
+    for cmd in (["schedule", "resnet50"], ["tune", "resnet50", "--db", str(tmp_path / "db")]):
+        with pytest.raises(SystemExit):
+            main(cmd + ["--layout", "nhwc"])
+        assert "nchw" in capsys.readouterr().err

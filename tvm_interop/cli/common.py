@@ -18,6 +18,26 @@ def add_model_args(p) -> None:
     p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier for zoo models (default 1.0)")
 
 
+def add_layout_arg(p, default: str | None, what: str) -> None:
+    """``--layout``: the activation layout of the CPU build (``passes.layout``); ``what`` says what it is for."""
+    p.add_argument("--layout", default=default, type=layout_arg,
+                   help=f"{what}: activations between convolutions in NCHW[c]c, c = the vector width (auto, "
+                        "as ONNX Runtime does; nchw<N>c: block N), or in TVM's NCHW (nchw); inputs and outputs "
+                        "keep the model's layout")
+
+
+def layout_arg(text: str) -> str:
+    """argparse type of ``--layout``: the message names the choices."""
+    import argparse
+
+    from tvm_interop.passes.layout import check_layout
+
+    try:
+        return check_layout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_tuning_databases(items: list[str]) -> dict[str, str]:
     """``MODEL=DIR`` pairs (a ``--tuned`` option given several times) as {model: tuning database directory}."""
     from tvm_interop.runtime.errors import InteropError

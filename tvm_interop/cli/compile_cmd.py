@@ -1,7 +1,7 @@
 """``tvm-interop compile``: model in, scheduled deployable .so (and schedule JSON) out."""
 from __future__ import annotations
 
-from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
+from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
 
 
 def register(sub) -> None:
@@ -38,10 +38,7 @@ def register(sub) -> None:
     p.add_argument("--sync", default="tvm", choices=["tvm", "events"],
                    help="CUDA: order streams with TVM's per-call event (tvm, default) or with events created once per "
                         "loaded model and reused (events: the native extension, linked into the library)")
-    p.add_argument("--layout", default="auto", type=_layout_arg,
-                   help="CPU: activations between convolutions in NCHW[c]c, c = the vector width (auto, default, "
-                        "as ONNX Runtime does; nchw<N>c: block N), or in TVM's NCHW (nchw); inputs and outputs "
-                        "keep the model's layout")
+    add_layout_arg(p, "auto", "CPU (default auto)")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
@@ -53,18 +50,6 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
-
-
-def _layout_arg(text: str) -> str:
-    """argparse type of ``--layout``: the message names the choices."""
-    import argparse
-
-    from tvm_interop.passes.layout import check_layout
-
-    try:
-        return check_layout(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _wave_summary(s) -> dict | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
+from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
 
 SCHEDULERS = ("ios", "lios", "hios", "greedy", "sequential", "exhaustive", "autograph")
 
@@ -36,6 +36,8 @@ def register(sub) -> None:
                    help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | table:FILE | measured (stages "
                         "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
                         "(default sim:h100)")
+    add_layout_arg(p, None, "the layout of the build the schedule is for (default: NCHW under GPU costs, as GPU "
+                   "builds keep it; auto under CPU costs, as `compile` builds)")
     p.add_argument("--cost-cache", default=None,
                    help="measured/learned: persistent cache of stage timings (default: the user cache directory)")
     p.add_argument("--r", type=_limit, default=None, metavar="R",
@@ -171,7 +173,12 @@ def load_graph(args):
     from tvm_interop.api import model_graph
 
     return model_graph(model, batch_size=args.batch, image_size=args.image_size, width=args.width,
-                       layout=graph_layout_for_cost(args.cost))
+                       layout=schedule_layout(args))
+
+
+def schedule_layout(args) -> str:
+    """``--layout`` when given, else the layout of the build the cost model is for."""
+    return args.layout or graph_layout_for_cost(args.cost)
 
 
 def graph_layout_for_cost(cost: str) -> str:
@@ -219,7 +226,7 @@ def _run(args) -> int:
         from tvm_interop.api import load_module, prepare_program
 
         mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
-        program = prepare_program(mod, "llvm", name=name)
+        program = prepare_program(mod, "llvm", name=name, layout=schedule_layout(args))
         graph = program.graph
         cost = timed_cost_model(program, "llvm", args.cost, cache=args.cost_cache, batch=args.batch,
                                 fleet=args.fleet)
@@ -273,7 +280,7 @@ def _run_autograph(args, t0: float) -> int:
     status(args, f"autograph on {name} under {fingerprint} ...")
     t1 = time.perf_counter()
     with progress_logging(args):
-        layout = graph_layout_for_cost(args.cost)
+        layout = schedule_layout(args)
         result = run_autograph(mod, prepare=lambda m: prepare_program(m, "llvm", name=name, layout=layout),
                                cost_for=cost_for,
                                device_kind="cpu" if args.cost in ("sim:cpu", "measured") or timed else "cuda",
@@ -373,7 +380,7 @@ def _run_active(args, fleet) -> int:
     target = args.target or "cuda"
     status(args, f"preparing {args.model} for {target} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
-    program = prepare_program(mod, target, name=name)
+    program = prepare_program(mod, target, name=name, layout=args.layout or "auto")
     with progress_logging(args):
         res = device_search(program, target, args.active, scheduler=args.scheduler, top_k=args.top_k or 3,
                             rounds=args.rounds, fleet=fleet, import_path=args.import_results, model_name=name,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, status
+from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, status
 
 EPILOG = """examples:
   tvm-interop tune inception_v3 --target llvm --trials 64 --db tuned/incv3
@@ -23,6 +23,8 @@ def register(sub) -> None:
                        epilog=EPILOG, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--target", default="llvm", help="TVM target (default llvm)")
+    add_layout_arg(p, "auto", "CPU: the layout of the build the kernels are tuned for; `compile --tuning-db` "
+                   "uses them with the same --layout (default auto)")
     p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--db", required=True, help="database directory (created; reused to continue)")
     p.add_argument("--ops", default=None,
@@ -59,7 +61,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     status(args, f"preparing {args.model} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
-    program = prepare_program(mod, args.target, name=name)
+    program = prepare_program(mod, args.target, name=name, layout=args.layout)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     if args.bundle:
         return _export(args, program, ops, name)
