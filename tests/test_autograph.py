@@ -15,6 +15,7 @@ from tvm_interop.api import prepare_program
 from tvm_interop.cli import main
 from tvm_interop.fuzz import random_cell_model, random_input, random_model
 from tvm_interop.models import get_model, list_models, small_config
+from zoo_cases import zoo_case
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -33,9 +34,7 @@ def _search(mod, cost="sim:h100", **options):
 
 @pytest.mark.parametrize("name", list_models())
 def test_zoo_autograph_matches_plain_tvm_on_both_executors(name):
-    mod = get_model(name, **small_config(name))
-    x = _input(mod)
-    ref = tvm_interop.run_reference(mod, [x])
+    mod, x, ref = zoo_case(name)
     # no memory bound: a tightened schedule is re-priced as a new one, and this test checks the search's pick
     cm = tvm_interop.compile(mod, scheduler="autograph", cost="sim:h100", guard=False, name=name,
                              max_memory_ratio=None)
@@ -62,9 +61,9 @@ def test_saved_candidate_with_substitutions_rebuilds_the_same_numbers(name, tmp_
     path = tmp_path / "s.json"
     most.schedule.save(path)
     assert json.loads(path.read_text())["search"]["substitutions"]
-    x = _input(mod)
+    _, x, ref = zoo_case(name)
     cm = tvm_interop.compile(mod, schedule=str(path), name=name, allow_device_mismatch=True)
-    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+    np.testing.assert_allclose(cm.run(x), ref, **TOL)
     cm.close()
 
 

@@ -18,6 +18,7 @@ import tvm_interop  # noqa: E402
 from tvm_interop.runtime.errors import UnsupportedModelError  # noqa: E402
 from tvm_interop.export import SUPPORTED_OPS, ZOO_OPS, read_relax, to_onnx, to_torch, zoo_ops  # noqa: E402
 from tvm_interop.models import build_with_reference, get_model, list_models, small_config  # noqa: E402
+from zoo_cases import zoo_case
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -78,9 +79,8 @@ def test_zoo_export_matches_numpy_probe(name):
 
 
 def _check_against_tvm(name: str) -> None:
-    mod = get_model(name, **small_config(name))
-    x = _input(mod)
-    ref = _as_list(tvm_interop.run_reference(mod, [x]))
+    mod, x, ref = zoo_case(name)
+    ref = _as_list(ref)
     _check(run_onnx(mod, x), ref, f"{name} onnxruntime vs plain TVM")
     _check(run_torch(mod, x), ref, f"{name} torch vs plain TVM")
 

@@ -265,12 +265,9 @@ def test_zoo_models_scheduled_over_chains_match_plain_tvm(name):
 
     import tvm_interop
     from tvm_interop.runtime.model import ScheduledModel
-    from tvm_interop.models import get_model, small_config
+    from zoo_cases import zoo_case
 
-    mod = get_model(name, **small_config(name))
-    shape = tuple(int(d) for d in mod["main"].params[0].ty.shape.values)
-    x = np.random.default_rng(11).standard_normal(shape).astype("float32")
-    ref = tvm_interop.run_reference(mod, [x])
+    mod, x, ref = zoo_case(name)
     cm = tvm_interop.compile(mod, scheduler="ios", cost="sim:h100", name=name, max_memory_ratio=None, guard=False)
     try:
         s = cm.schedule

@@ -16,6 +16,7 @@ from tvm_interop.passes.kernels.nchwc import conv2d_nchwc
 from tvm_interop.passes.layout import (blocked_convs, channel_block, resolve_layout, to_nchwc)
 from tvm_interop.passes.target import normalize_target
 from tvm_interop.runtime.errors import InteropError
+from zoo_cases import zoo_case
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 HOST = normalize_target("llvm")
@@ -31,12 +32,11 @@ def test_zoo_blocked_equals_plain_tvm(name):
     """Every zoo model (small config) with 4-channel blocks (so the narrow configs block most convolutions; the
     kernel is the same at any block) computes what a plain TVM build of the NCHW model computes, on a
     concurrent schedule."""
-    mod = get_model(name, **small_config(name))
-    x = _input(mod)
+    mod, x, ref = zoo_case(name)
     cm = tvm_interop.compile(mod, target="llvm", scheduler="greedy", guard=False, layout="nchw4c")
     assert cm.layout["layout"] == "nchwc" and cm.layout["block"] == 4
     assert cm.plan.meta["layout"] == cm.layout
-    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+    np.testing.assert_allclose(cm.run(x), ref, **TOL)
 
 
 def test_blocked_convs_per_model():

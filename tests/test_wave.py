@@ -27,6 +27,7 @@ from tvm_interop.passes.wave.kernel import WAVE_ATTR
 from tvm_interop.passes.wave.lowered import split_cpu
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.model import ScheduledModel
+from zoo_cases import zoo_case
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 HOST = normalize_target("llvm")
@@ -89,12 +90,9 @@ def test_block_partition_maps_each_block_to_one_member(seed):
 # ------------------------------------------------------------------------------------------- numerics
 @functools.lru_cache(maxsize=None)
 def _zoo(name: str):
-    cfg = small_config(name)
-    if name == "randwire":   # at its smallest depth the random wiring is a chain: nothing runs concurrently
-        cfg.pop("depth", None)
-    mod = get_model(name, **cfg)
-    x = _input(mod)
-    return prepare_program(mod, HOST, name=name), x, tvm_interop.run_reference(mod, [x])
+    # randwire at its smallest depth is a chain (nothing runs concurrently): its own depth here
+    mod, x, ref = zoo_case(name, depth=None) if name == "randwire" else zoo_case(name)
+    return prepare_program(mod, HOST, name=name), x, ref
 
 
 ZOO_CASES = ([pytest.param(n, "greedy", id=f"{n}-greedy") for n in list_models()]

@@ -7,7 +7,8 @@ import pytest
 import tvm_interop
 from tvm_interop.passes.partition import cut_points
 from tvm_interop.runtime.model import ScheduledModel
-from tvm_interop.models import MODELS, get_model, list_models, small_config
+from tvm_interop.models import MODELS, get_model, list_models
+from zoo_cases import zoo_case as cached_zoo_case
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -17,9 +18,7 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 @pytest.fixture(scope="module", params=list_models())
 def zoo_case(request):
     name = request.param
-    mod = get_model(name, **small_config(name))
-    x = np.random.default_rng(7).standard_normal(tuple(int(d) for d in mod["main"].params[0].ty.shape.values)).astype("float32")
-    ref = tvm_interop.run_reference(mod, [x])
+    mod, x, ref = cached_zoo_case(name)
     # no memory bound here: this test is about greedy's concurrency (the bound is tested in test_memory_bound)
     cm = tvm_interop.compile(mod, scheduler="greedy", name=name, max_memory_ratio=None, guard=False)
     yield name, cm, x, ref
