@@ -177,6 +177,9 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
         t1 = time.perf_counter()
         # keep the unscheduled kernels: analyses that read the operator structure (merge) look at those
         unscheduled = tvm.IRModule({gv: f for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
-        fused = apply_cpu_schedules(fused, target).with_attr(CPU_SCHEDULED, unscheduled)
+        # the normalized target: a plain "llvm" means this machine's CPU (passes.target), and the schedules'
+        # vector width and register count come from it (generic x86-64 would get SSE's 4 lanes)
+        fused = apply_cpu_schedules(fused, ctx_target or normalize_target("llvm")).with_attr(CPU_SCHEDULED,
+                                                                                              unscheduled)
         log.info("prepare: default CPU schedules applied in %.2f s", time.perf_counter() - t1)
     return fused

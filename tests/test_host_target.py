@@ -209,3 +209,25 @@ def test_a_table_missing_stages_says_how_many_were_composed(tmp_path):
     assert s.max_concurrency() > 1
     assert "stage costs the search asked for were not in the cost table" in s.search["cost_note"]
     assert int(s.search["cost_note"].split()[0]) > 0
+
+
+def test_prepare_with_a_plain_llvm_string_schedules_for_this_cpu():
+    """``prepare(mod, "llvm")`` (what the tune / schedule commands and ``prepare_program`` pass) schedules the
+    kernels for this machine's vector width, like ``compile`` does with the normalized target: a regression
+    scheduled them for generic x86-64 (4 lanes), so measured costs and tuning baselines timed SSE kernels."""
+    import tvm
+
+    from conftest import make_branchy_model
+    from tvm_interop.passes.kernels.cpu_schedule import vector_lanes
+    from tvm_interop.passes.prepare import prepare
+
+    assert vector_lanes(normalize_target("llvm")) >= 8   # AVX2 at least (see above)
+    mod = make_branchy_model(channels=32)
+    plain = prepare(mod, "llvm", layout="nchw")
+    host = prepare(mod, normalize_target("llvm"), layout="nchw")
+    generic = prepare(mod, GENERIC_CPU, layout="nchw")
+    from tvm_ffi import structural_equal as tvm_ffi_equal
+
+    funcs = [gv.name_hint for gv, f in plain.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert all(tvm_ffi_equal(plain[f], host[f]) for f in funcs)
+    assert not all(tvm_ffi_equal(plain[f], generic[f]) for f in funcs)
