@@ -110,6 +110,10 @@ CASES = {
     "avg_pool_3x3_s1_p1": lambda: _pool("avg", (1, 16, 12, 12), 3, 1, 1, count_include_pad=True),
     "avg_pool_exclude_pad": lambda: _pool("avg", (1, 8, 9, 9), 3, 1, 1, count_include_pad=False),
     "global_avg_pool": lambda: _global_pool((1, 64, 8, 8)),
+    # channel-blocked pooling (passes.layout), 4-lane blocks for the generic TARGET (SSE: 4 lanes)
+    "max_pool_nchw4c_s2_pad": lambda: _pool("max", (1, 3, 17, 17, 4), 3, 2, 1, layout="NCHW4c"),
+    "avg_pool_nchw4c_exclude_pad": lambda: _pool("avg", (1, 2, 9, 9, 4), 3, 1, 1, count_include_pad=False,
+                                                 layout="NCHW4c"),
     "concat_relu": lambda: _concat([(1, 8, 9, 9), (1, 16, 9, 9), (1, 4, 9, 9)]),
     "add_relu": lambda: _add_relu((1, 32, 28, 28)),
     "softmax": lambda: _softmax((4, 100)),
@@ -121,7 +125,7 @@ MUST_SCHEDULE = {
     "conv_grouped", "conv_bias_relu_batch2", "dense_bias_relu", "dense_batch8", "matmul_nt_runtime_weight",
     "matmul_nt_batch16", "max_pool_3x3_s2", "max_pool_pad", "avg_pool_3x3_s1_p1", "global_avg_pool",
     "concat_relu", "add_relu", "conv_depthwise_prime_width", "conv_1x1_on_1x1", "conv_channels_not_multiple_of_8",
-    "max_pool_prime_width",
+    "max_pool_prime_width", "max_pool_nchw4c_s2_pad", "avg_pool_nchw4c_exclude_pad",
 }
 
 
@@ -136,6 +140,8 @@ EXPECTED_PLAN = {
     "dense_batch8": "spatial_vector",
     "max_pool_3x3_s2": "light_reduction",
     "avg_pool_3x3_s1_p1": "light_reduction",
+    "max_pool_nchw4c_s2_pad": "light_reduction",
+    "avg_pool_nchw4c_exclude_pad": "light_reduction",
     "conv_stem_3ch": "spatial_vector",
     "concat_relu": "injective",
     "add_relu": "injective",
@@ -405,4 +411,36 @@ def test_batch1_dense_streaming_big_weights_gets_threads():
         assert ("T.parallel" in text) == (parallel and cfg_threads > 1), (k, n, cfg_threads)
         inputs = _inputs(mod)
         np.testing.assert_allclose(_run(apply_cpu_schedules(mod, TARGET), inputs), _run(mod, inputs),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_pooling_vectorises_the_channel_lanes():
+    """A pooling over ``NCHW[c]c`` activations reads whole channel vectors: the window is unrolled around one
+    vector of lanes accumulated in registers, the padding stage is inlined (no pass over a padded copy) and the
+    outer loops are parallel (GoogLeNet's 13 max pools: 1.27 -> 0.46 ms in the model, ONNX Runtime 0.78)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    mod = _pool("max", (1, 4, 112, 112, 16), 3, 2, 1, layout="NCHW16c")
+    (func,) = _prim_funcs(mod).values()
+    text = schedule_cpu(func, target).script()
+    assert '"tvm_interop.cpu_plan": "light_reduction"' in text
+    assert "T.vectorized(T.int64(16))" in text and "pad_temp" not in text
+    assert ("T.parallel" in text) == (__import__("tvm_interop.passes.kernels.cpu_schedule",
+                                                 fromlist=["_num_threads"])._num_threads() > 1)
+    inputs = _inputs(mod)
+    np.testing.assert_allclose(_run(apply_cpu_schedules(mod, target), inputs, target), _run(mod, inputs),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_batch1_dense_reads_its_weight_in_column_panels():
+    """A batch-1 dense over a big ``[K, N]`` weight repacks it into ``[N / t, K, t]`` panels (marked for the
+    build-time prepack), so each column tile streams one contiguous panel instead of one strided line per K
+    step; a small dense and a batched one keep the weight as it is."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    for (m, k, n), panels in {(1, 1024, 1000): True, (1, 256, 100): False, (8, 96, 40): False}.items():
+        mod = _dense(m, k, n)
+        (func,) = [f for nm, f in _prim_funcs(mod).items() if "matmul" in nm or "dense" in nm]
+        text = schedule_cpu(func, target).script()
+        assert ("meta_schedule.layout_rewrite_preproc" in text) == panels, (m, k, n)
+        inputs = _inputs(mod)
+        np.testing.assert_allclose(_run(apply_cpu_schedules(mod, target), inputs, target), _run(mod, inputs),
                                    rtol=1e-4, atol=1e-4)

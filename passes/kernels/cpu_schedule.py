@@ -546,12 +546,70 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     biggest = max(stmt.reads, key=lambda rd: math.prod(_int(d) or 1 for d in _buf(rd).shape))
     if _reuse_axes(spatial, [biggest]):
         raise _Skip("the biggest operand is reused across an output axis")
+    if _lane_contiguous_tile(stmt, spatial, prologue, cfg):
+        _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, cfg)
+        return
     sp_loops = [lp for lp, _ in spatial]
     sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
     for lp, _ in reduction:
         sch.unroll(lp)
     _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial), cfg, _MIN_PARALLEL_ELEMS)
     _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
+
+
+def _lane_contiguous_tile(stmt, spatial, prologue, cfg: _Cfg) -> int | None:
+    """The vector tile of the innermost output axis when every read of the reduction (and of its padding
+    prologue) is contiguous along it and it holds whole vectors: the channel lanes of a pooling in ``NCHW[c]c``,
+    or the width of a stride-1 pooling. None otherwise (a stride-2 NCHW pooling would gather)."""
+    _, last = spatial[-1]
+    ext = _int(last.dom.extent)
+    if not ext or ext % cfg.lanes:
+        return None
+    for rd in stmt.reads:
+        if _coeff(_flat_offset(rd), last.var) not in (0, 1):
+            return None
+    tile, exact = _choose_vec_tile(ext, cfg.lanes)
+    return tile if exact and tile % cfg.lanes == 0 else None
+
+
+def _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, cfg: _Cfg) -> None:
+    """Pooling over contiguous lanes: outer output loops (parallel), the window (unrolled), one vector tile of
+    the innermost axis accumulated in registers and written back once with the epilogue (avg pooling's
+    division) inlined. The padding stage is inlined too (its bounds test does not depend on the lane, so it is
+    a branch per window element, not per lane), saving a pass over the input."""
+    stmt = sch.get(red)
+    tile = _lane_contiguous_tile(stmt, spatial, prologue, cfg)
+    kept = []
+    for b in prologue:
+        try:
+            sch.compute_inline(b)
+        except Exception as err:  # noqa: BLE001 - keep it as its own (parallel, vectorised) stage
+            log.debug("pooling prologue %s not inlined: %s", sch.get(b).name_hint, err)
+            kept.append(b)
+    last_lp, last_iv = spatial[-1]
+    outer = [lp for lp, _ in spatial[:-1]]
+    if tile < _int(last_iv.dom.extent):
+        lo, vi = sch.split(last_lp, factors=[None, tile])
+        outer.append(lo)
+    else:
+        vi = last_lp
+    red_loops = [lp for lp, _ in reduction]
+    sch.reorder(*outer, *red_loops, vi)
+    write_back = sch.cache_write(red, 0, "local")
+    sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
+    _epilogue_and_prologue(sch, epilogue, kept, cfg, inline_into_write_back=True)
+    for lp in red_loops:
+        sch.unroll(lp)
+    sch.vectorize(vi)
+    wb_loops = sch.get_loops(write_back)[len(outer):]
+    if wb_loops:
+        sch.vectorize(wb_loops[-1])
+    # memory bound: threads by the elements read (outputs x window), not by the outputs alone
+    _parallel_outer(sch, outer, _work(iv for _, iv in spatial + reduction), cfg, _MIN_PARALLEL_ELEMS)
+    init = sch.decompose_reduction(red, red_loops[0])
+    init_last = sch.get_loops(init)[-1]
+    if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
+        sch.vectorize(init_last)
 
 
 def _nbytes(region) -> int:
@@ -614,6 +672,8 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     one_axis = sum((_int(iv.dom.extent) or 2) > 1 for _, iv in reduction) <= 1
     acc = max(cfg.acc_regs, cfg.acc_regs_1x1) if one_axis else cfg.acc_regs
     ut = _choose_row_tile(_int(u.dom.extent), acc // regs, regs)[0] if u is not None else 1
+    if u is None and not vc.transpose_acc:
+        vc.repack.extend(_streamed_panels(stmt, v, params, set(vc.repack)))
 
     # repack the weights that are strided along v so that v is their innermost dimension
     repack_blocks = []
@@ -672,6 +732,27 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
         init_last = sch.get_loops(init)[-1]
         if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
             sch.vectorize(init_last)
+
+
+def _streamed_panels(stmt, v, params, taken: set) -> list[int]:
+    """Reads to repack into column panels for a batch-1 dense over a ``[K, N]`` weight (GEMV): nothing is
+    reused, the weight (megabytes) is streamed once per call, and tile by tile along N it would be walked with
+    a stride of one row (4 KB for 1000 classes) per K step, which the hardware prefetchers do not follow: out of
+    L2 every step waits on a miss (GoogLeNet's 1024 x 1000 classifier: 145 us with its weight in L2, 425 us in
+    the model, 100 us in ONNX Runtime). Repacked to ``[N / tile, K, tile]`` (done once per constant weight at
+    build time, ``passes.kernels.prepack``) each tile reads one contiguous panel."""
+    out = []
+    for idx, rd in enumerate(stmt.reads):
+        if idx in taken or _nbytes(rd) < _MIN_PARALLEL_BYTES or len(rd.region) < 2:
+            continue
+        buf = _buf(rd)
+        if not any(buf.same_as(p) for p in params):
+            continue
+        dims = _dims_using(rd, v.var)
+        if dims == [len(rd.region) - 1] and isinstance(rd.region[-1].min, tirx.Var) \
+                and rd.region[-1].min.same_as(v.var):
+            out.append(idx)
+    return out
 
 
 def _nchwc_tile(co_ext: int, ow_ext: int, acc_regs: int) -> tuple[int, int]:
