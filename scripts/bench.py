@@ -3,7 +3,10 @@
 One process, one machine, one seeded input per model. Every configuration is compiled first (compile /
 optimisation time recorded), its output compared with plain TVM's, then all are timed with INTERLEAVED repeats:
 each repeat runs every configuration once, round-robin, the starting configuration rotating from one repeat to the
-next, so slow drifts of a shared machine hit every configuration alike. Reported: median (and min, IQR) ms, speedup
+next, so slow drifts of a shared machine hit every configuration alike. Each timed call follows ``--settle``
+untimed calls of the same configuration (default 1), so it measures that configuration's steady state rather than
+the state its neighbour in the round left (measured on SqueezeNet: our first call after PyTorch eager ran 2.5 ms
+slower, its OpenMP threads still spinning; after plain TVM's long single-threaded run 0.7 ms slower). Reported: median (and min, IQR) ms, speedup
 vs plain TVM and vs our sequential schedule (> 1 = faster).
 
 Configurations
@@ -342,6 +345,9 @@ def bench_model(name: str, args, schedulers: list[str], log) -> dict:
             c = configs[(r + j) % n]
             if c.prepare is not None:
                 c.prepare()
+            if c.name != "tvm":   # (plain TVM is 50-100x slower: what ran before it does not show)
+                for _ in range(args.settle):
+                    c.call()
             t = time.perf_counter()
             c.call()
             c.times.append(time.perf_counter() - t)
@@ -414,7 +420,8 @@ def markdown(report: dict) -> str:
            f"Method: one process; per model one seeded input; every configuration compiled, its output compared to "
            f"plain TVM's (max abs diff; MISMATCH beyond rtol = atol = {RTOL:g}); {report['args']['warmup']} warm-up "
            f"rounds, then {report['args']['repeat']} interleaved repeats (round-robin over the configurations, the "
-           "first one rotating each repeat); median / min / interquartile range of the per-call wall time. "
+           f"first one rotating each repeat; before each timed call {report['args'].get('settle', 0)} untimed "
+           "call(s) of the same configuration, except plain TVM); median / min / interquartile range of the per-call wall time. "
            "\"vs\" columns are speedups (> 1 = faster than the reference), computed on medians. compile s: plain "
            "TVM: reference build; tvm-interop: `tvm_interop.compile` total (prepare + schedule + build [+ guard]); "
            "ONNX Runtime: export + session creation (graph optimisation); torch: export to a torch.fx module.", "",
@@ -471,6 +478,12 @@ def main(argv=None) -> int:
                     help="repeat count (see tvm-interop models): N for every model that has one, or per model, "
                          "e.g. randwire=8 (default: the paper's)")
     ap.add_argument("--repeat", type=int, default=20, help="interleaved timed repeats (default 20)")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed calls of a configuration right before each of its timed calls (default 1): the "
+                         "timed call then sees that configuration's steady state (its threads awake, its weights "
+                         "in cache), not what the configuration before it left behind (an OpenMP pool still "
+                         "spinning, a cold cache after plain TVM's long single-threaded run); 0: the first call "
+                         "after the neighbour is timed")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     ap.add_argument("--schedulers", default="sequential,greedy,lios,ios",
                     help="tvm-interop schedulers, comma-separated (default sequential,greedy,lios,ios)")
