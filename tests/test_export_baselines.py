@@ -18,7 +18,7 @@ import tvm_interop  # noqa: E402
 from tvm_interop.runtime.errors import UnsupportedModelError  # noqa: E402
 from tvm_interop.export import SUPPORTED_OPS, ZOO_OPS, read_relax, to_onnx, to_torch, zoo_ops  # noqa: E402
 from tvm_interop.models import build_with_reference, get_model, list_models, small_config  # noqa: E402
-from zoo_cases import zoo_case
+from zoo_cases import zoo_case  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -279,3 +279,29 @@ def test_dynamic_shape_is_refused():
         bb.emit_func_output(y)
     with pytest.raises(UnsupportedModelError, match=r"dynamic"):
         to_onnx(bb.get())
+
+
+def test_bench_ops_compares_operator_classes(tmp_path, capsys):
+    """scripts/bench_ops.py: our in-program kernel times and ONNX Runtime's profiled node times of one model,
+    grouped into the same operator classes; every kernel of both sides is counted once."""
+    import importlib.util
+    import json
+    import pathlib
+
+    pytest.importorskip("onnxruntime")
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_ops.py"
+    spec = importlib.util.spec_from_file_location("bench_ops", path)
+    bench_ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_ops)
+    out = tmp_path / "ops"
+    assert bench_ops.main(["squeezenet", "--width", "0.125", "--image-size", "32", "--repeat", "2", "--warmup", "1",
+                           "--top", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| conv |" in text and "| **all** |" in text
+    res = json.loads((tmp_path / "ops.json").read_text())
+    for side in ("ours", "onnxruntime"):
+        kernels, classes = res[side], res["classes"][side]
+        assert kernels and sum(c["kernels"] for c in classes.values()) == len(kernels)
+        assert abs(sum(c["us"] for c in classes.values()) - sum(k["us"] for k in kernels.values())) < 1e-6
+        assert classes["conv"]["kernels"] == 26   # SqueezeNet's convolutions, one kernel / node each
+    assert all(k["class"] in {"conv", "pool", "concat", "dense", "layout", "other"} for k in res["ours"].values())
