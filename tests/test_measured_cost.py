@@ -15,6 +15,15 @@ def program(branchy_model):
     return tvm_interop.api.prepare_program(branchy_model, name="branchy")
 
 
+@pytest.fixture(scope="module")
+def repacked_program():
+    """A program whose NCHW convolutions get their weights repacked by the build: 32 channels fill whole vectors
+    on this CPU (the 8 channels of ``branchy_model`` do not: those convolutions vectorise another axis)."""
+    from conftest import make_branchy_model
+
+    return tvm_interop.api.prepare_program(make_branchy_model(channels=32), name="branchy32", layout="nchw")
+
+
 def test_measures_units_and_stages_and_caches(program, tmp_path):
     cache = tmp_path / "cc.json"
     cost = MeasuredCostModel(program, cache=cache, repeat=3)
@@ -118,29 +127,29 @@ def test_guard_ships_the_faster_median():
     assert decide({"scheduled": seq, "sequential": seq}).keep_schedule  # a tie keeps the schedule
 
 
-def test_times_the_kernels_that_ship(program, tmp_path):
+def test_times_the_kernels_that_ship(repacked_program, tmp_path):
     """Convolutions whose weight the build repacks (passes.kernels.prepack) are timed as they ship: the compute
     part, fed a weight of the repacked shape; the cache key hashes that kernel, so an entry timed with the
     in-kernel repack (the prepared kernel's hash) is not reused."""
     from tvm_interop.passes.cost.measured import _structural_hash
     from tvm_interop.passes.kernels.prepack import prepack_weights, shipped_kernels
 
-    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
+    cost = MeasuredCostModel(repacked_program, cache=tmp_path / "cc.json", repeat=2)
     shipped = cost.shipped()
-    assert shipped and set(shipped) == set(shipped_kernels(program))
+    assert shipped and set(shipped) == set(shipped_kernels(repacked_program))
     # exactly the kernels the build replaces, with the same compute part and repacked weight shape
-    built = prepack_weights(program, "llvm")
+    built = prepack_weights(repacked_program, "llvm")
     for name, sk in shipped.items():
         assert built.mod[name].attrs["tvm_interop.prepacked"]
         assert [tuple(int(d) for d in p.shape) for p in built.mod[name].params][sk.pos] == sk.shape
-    unit = next(u for u in program.graph.units if u.func_name in shipped)
+    unit = next(u for u in repacked_program.graph.units if u.func_name in shipped)
     sk = shipped[unit.func_name]
     call = cost._call(unit)
     assert call.args[sk.pos][0] == sk.shape and len(sk.shape) == 5            # O/16 I H W 16
     assert tuple(unit.inputs[sk.pos].shape) != sk.shape
     # the hash in the cache key is the compute kernel's, not the prepared kernel's (with its repack)
     assert cost._kernel_hash(unit.func_name) == f"{_structural_hash(sk.compute) & 0xFFFFFFFFFFFF:012x}"
-    old_hash = f"{_structural_hash(program.mod[unit.func_name]) & 0xFFFFFFFFFFFF:012x}"
+    old_hash = f"{_structural_hash(repacked_program.mod[unit.func_name]) & 0xFFFFFFFFFFFF:012x}"
     assert cost._kernel_hash(unit.func_name) != old_hash
     # the timed library holds the compute kernel: it takes the repacked weight (TVM checks argument shapes)
     assert cost.unit_latency(unit) > 0 and cost.measurements == 1
@@ -150,19 +159,19 @@ def test_times_the_kernels_that_ship(program, tmp_path):
     stale = CostCache(tmp_path / "old.json", device=cost.device_fingerprint, tvm_version=cost.cache.tvm_version)
     stale.put(f"concurrent|{old_hash}[{shapes}]|bNone", 1e-9)
     stale.flush()
-    again = MeasuredCostModel(program, cache=tmp_path / "old.json", repeat=2)
+    again = MeasuredCostModel(repacked_program, cache=tmp_path / "old.json", repeat=2)
     assert again.unit_latency(unit) > 1e-9 and again.measurements == 1 and again.cache_hits == 0
     again.close()
 
 
-def test_wave_stage_is_built_from_the_repacked_program(program, tmp_path):
+def test_wave_stage_is_built_from_the_repacked_program(repacked_program, tmp_path):
     """A wave-fused stage is timed as passes.wave builds it on a CPU: from the program whose weights the build
     repacked (its member kernels are the compute parts)."""
-    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=2)
-    convs = [u for u in program.graph.units if u.func_name in cost.shipped()][:2]
+    cost = MeasuredCostModel(repacked_program, cache=tmp_path / "cc.json", repeat=2)
+    convs = [u for u in repacked_program.graph.units if u.func_name in cost.shipped()][:2]
     assert len(convs) == 2
     assert cost.stage_latency([[convs[0]], [convs[1]]], strategy="wave") > 0
     src = cost._wave_source()
-    assert src is not program
+    assert src is not repacked_program
     assert all(src.mod[u.func_name].attrs["tvm_interop.prepacked"] for u in convs)
     cost.close()
