@@ -13,15 +13,20 @@ Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``)
     one vector of ``c`` channels each, written back as whole vectors with the epilogue inlined.
 ``light_reduction``
     one reduction block with a small reduction (<= 64) and no operand reused across an output axis: pooling,
-    depthwise conv. Memory bound: unroll the window, keep LLVM's vectoriser in charge, threads only for big
-    outputs (measured: explicit vectorisation with gathers and threads on small outputs are slower).
+    depthwise conv. Memory bound. Where every read is contiguous along the output's innermost axis and it holds
+    whole vectors (the channel lanes of ``NCHW[c]c``, the width of a stride-1 pooling): one vector tile
+    accumulated in registers under the unrolled window, padding inlined, threads by elements read. Otherwise
+    (strided NCHW pooling, depthwise conv): unroll the window, keep LLVM's vectoriser in charge, threads only
+    for big outputs (measured: explicit vectorisation with gathers and threads on small outputs are slower).
 ``spatial_vector``
     one reduction block with a compute-bound reuse pattern (conv2d NCHW incl. grouped/strided/1xk, matmul,
     dense with a batch), with its injective prologue (padding) and epilogue (bias, batch-norm scale/shift,
     relu, ...). Chooses a vector axis ``v`` among the output axes: either the output's innermost axis when every
     input is contiguous (or invariant) along it, or an axis along which a *weight* is strided, that weight then
     being repacked with ``v`` innermost (conv: OIHW -> O/16 I H W 16; the copy is marked as layout-rewrite
-    preprocessing, so a built library does it once per constant weight: ``passes.kernels.prepack``). A second axis ``u`` that some ``v``-dependent input does not depend on (output width for conv
+    preprocessing, so a built library does it once per constant weight: ``passes.kernels.prepack``); a batch-1
+    dense streaming a big ``[K, N]`` weight gets it repacked into ``[N/t, K, t]`` column panels the same way,
+    so each tile reads one contiguous run (:func:`_streamed_panels`). A second axis ``u`` that some ``v``-dependent input does not depend on (output width for conv
     over channels) gives the register tile ``[u_t x v_t]``: each vector load of the weights feeds ``u_t`` FMAs and
     each broadcast of an input element feeds ``v_t / lanes`` FMAs. Loop order: outer tiles (the leading ones fused
     and parallel), the reduction loops, ``u_t`` (unrolled), ``v_t`` (vectorised). The accumulator tile lives in a
@@ -546,8 +551,9 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     biggest = max(stmt.reads, key=lambda rd: math.prod(_int(d) or 1 for d in _buf(rd).shape))
     if _reuse_axes(spatial, [biggest]):
         raise _Skip("the biggest operand is reused across an output axis")
-    if _lane_contiguous_tile(stmt, spatial, prologue, cfg):
-        _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, cfg)
+    tile = _lane_contiguous_tile(stmt, spatial, cfg)
+    if tile:
+        _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, tile, cfg)
         return
     sp_loops = [lp for lp, _ in spatial]
     sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
@@ -557,10 +563,10 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
 
-def _lane_contiguous_tile(stmt, spatial, prologue, cfg: _Cfg) -> int | None:
-    """The vector tile of the innermost output axis when every read of the reduction (and of its padding
-    prologue) is contiguous along it and it holds whole vectors: the channel lanes of a pooling in ``NCHW[c]c``,
-    or the width of a stride-1 pooling. None otherwise (a stride-2 NCHW pooling would gather)."""
+def _lane_contiguous_tile(stmt, spatial, cfg: _Cfg) -> int | None:
+    """The vector tile of the innermost output axis when every read of the reduction is contiguous along it
+    (or does not depend on it) and it holds whole vectors: the channel lanes of a pooling in ``NCHW[c]c``, or
+    the width of a stride-1 pooling. None otherwise (a stride-2 NCHW pooling would gather)."""
     _, last = spatial[-1]
     ext = _int(last.dom.extent)
     if not ext or ext % cfg.lanes:
@@ -572,13 +578,11 @@ def _lane_contiguous_tile(stmt, spatial, prologue, cfg: _Cfg) -> int | None:
     return tile if exact and tile % cfg.lanes == 0 else None
 
 
-def _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, cfg: _Cfg) -> None:
+def _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue, tile: int, cfg: _Cfg) -> None:
     """Pooling over contiguous lanes: outer output loops (parallel), the window (unrolled), one vector tile of
     the innermost axis accumulated in registers and written back once with the epilogue (avg pooling's
     division) inlined. The padding stage is inlined too (its bounds test does not depend on the lane, so it is
     a branch per window element, not per lane), saving a pass over the input."""
-    stmt = sch.get(red)
-    tile = _lane_contiguous_tile(stmt, spatial, prologue, cfg)
     kept = []
     for b in prologue:
         try:
