@@ -191,10 +191,8 @@ def graph_layout_for_cost(cost: str) -> str:
 
 
 def run(args) -> int:
-    from tvm_interop.passes.cost import get_cost_model
+    from tvm_interop.passes.search import is_timed_cost
     from tvm_interop.runtime.errors import InteropError
-
-    from tvm_interop.passes.search import is_timed_cost, search_schedule, timed_cost_model
 
     if args.active:
         with fleet_from_args(args) as fleet:
