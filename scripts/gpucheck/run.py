@@ -230,6 +230,9 @@ def _torch_available(is_gpu: bool) -> bool:
     if not (is_gpu and torch.cuda.is_available()):
         return False
     torch.backends.cudnn.benchmark = True
+    # fp32 as our kernels compute it: no TF32 tensor cores (PyTorch's default for convolutions is TF32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     return True
 
 
@@ -265,20 +268,36 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
     return rec, out, run_once if rec["ok"] else None
 
 
-def _torch_record(args, manifest: dict, entry: dict) -> dict:
-    """PyTorch eager on the same network (random weights: latency only)."""
+def _torch_records(args, manifest: dict, entry: dict) -> list[dict]:
+    """PyTorch eager on the same network (random weights: latency only, fp32 without TF32), launched op by op
+    and replayed as one CUDA graph (the issue's baseline: what PyTorch does best without a compiler)."""
     import torch
 
-    rec = {"name": "PyTorch eager (cuDNN)", "cuda_graph": False, "note": "random weights: latency only"}
+    note = "random weights: latency only; fp32, TF32 off"
+    eager = {"name": "PyTorch eager (cuDNN)", "cuda_graph": False, "note": note}
+    graph = {"name": "PyTorch eager (cuDNN) + CUDA graph", "cuda_graph": True, "note": note}
     try:
         with open(os.path.join(args.dir, entry["torch_program"]), encoding="utf-8") as f:
             run = torch_runner(json.load(f), "cuda", manifest["seed"])
         with torch.inference_mode():
-            rec.update(_bench(run, torch.cuda.synchronize, args.warmup, args.repeat))
-        rec["ok"] = None
+            eager.update(_bench(run, torch.cuda.synchronize, args.warmup, args.repeat))
+            eager["ok"] = None
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):   # warm-up off the default stream, as torch.cuda.graphs asks
+                for _ in range(3):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                run()
+            graph.update(_bench(g.replay, torch.cuda.synchronize, args.warmup, args.repeat))
+            graph["ok"] = None
     except Exception as e:  # noqa: BLE001
-        rec["error"] = _error_text(e)
-    return rec
+        for rec in (eager, graph):
+            if "median_ms" not in rec:
+                rec["error"] = _error_text(e)
+    return [eager, graph]
 
 
 def _log_variant(model: str, rec: dict) -> None:
@@ -311,8 +330,9 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
     finally:
         variants.close()
     if with_torch and entry.get("torch_program"):
-        model["variants"].append(_torch_record(args, manifest, entry))
-        _log_variant(entry["name"], model["variants"][-1])
+        for rec in _torch_records(args, manifest, entry):
+            model["variants"].append(rec)
+            _log_variant(entry["name"], rec)
     model["seconds"] = time.perf_counter() - t0
     return model
 
