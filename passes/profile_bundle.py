@@ -330,6 +330,19 @@ def _add_wave_stages(program: Program, stages: list[dict], units: dict, ids: dic
     return dataclasses.replace(program, mod=bb.get()), fused
 
 
+def _export_bundle_library(ex, path: str, arches: list[str] | None, addons: list[str]) -> None:
+    """Write the bundle's library. A CUDA bundle carries its kernels as fatbins (``passes.cuda_compile``), like a
+    compiled model: the machine that measures it has TVM's runtime only, which cannot compile CUDA source."""
+    if arches:
+        from .cuda_compile import export_cuda_library
+
+        export_cuda_library(ex, path, arches, addons=addons or None)
+        return
+    from tvm_interop.runtime.model import export_library
+
+    export_library(ex, path, **({"addons": addons} if addons else {}))
+
+
 def build_profile_bundle(program: Program, target, out_dir: str, options: BundleOptions | None = None,
                          stages: list[dict] | None = None, programs: list[dict] | None = None) -> Bundle:
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
@@ -365,26 +378,26 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
             raise InteropError("library stages (cuDNN / cuBLAS units) need a CUDA target")
         stages = stages + _add_library_stages(program, units, notes)
     mod = _build_stage_module(program, stages, units, tensors, device, num_streams, programs)
+    arches = None
     if target.kind.name == "cuda":
         ex, report = build_cuda(mod, target, cuda_graph=False)
         notes += report.notes
+        arches = report.arches
     else:
         ex = tvm.compile(mod, target)
     os.makedirs(out_dir, exist_ok=True)
-    from tvm_interop.runtime.model import export_library
-
-    addons = {}
+    addons = []
     if any("params" in spec for spec in units.values()):   # library units: link the native extension in
         from .offload import ensure_extension
 
-        addons = {"addons": [ensure_extension()["object"]]}
-    export_library(ex, os.path.join(out_dir, LIBRARY), **addons)
+        addons = [ensure_extension()["object"]]
+    _export_bundle_library(ex, os.path.join(out_dir, LIBRARY), arches, addons)
     plan = {
         "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "model": graph.name,
         "graph_fingerprint": graph.fingerprint(), "target": target_text(target),
         "device": device, "library": LIBRARY, "num_streams": num_streams, "options": options.to_json(),
         "streams_function": STREAMS_FUNC, "tensors": tensors, "units": units, "stages": stages,
-        "programs": programs,
+        "programs": programs, **({"cuda_arches": list(arches)} if arches else {}),
     }
     from .schedule import atomic_write_text
 

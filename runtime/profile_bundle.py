@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .cuda import STREAMS_FUNC, check_cuda_device
+from .cuda import STREAMS_FUNC, check_arch, check_cuda_device
 from .errors import ExportError, InteropError
 from .json_file import read_json
 from .machine import cpu_identity
@@ -68,6 +68,16 @@ def _random_tensor(spec, dev, rng):
     return tvm.runtime.tensor(data, dev)
 
 
+def _check_cuda_binaries(plan: dict, lib_path: str, dev) -> None:
+    """A CUDA bundle must carry binaries for this GPU: the bundle records the arches its fatbins hold
+    (``cuda_arches``). A bundle without them holds CUDA source, which TVM's runtime alone cannot compile."""
+    arches = plan.get("cuda_arches")
+    if not arches:
+        raise ExportError(f"{lib_path}: the bundle holds CUDA source, not binaries (built by an older tvm-interop); "
+                          "TVM's runtime cannot compile it here: rebuild it with `tvm-interop profile-bundle`")
+    check_arch(list(arches), dev)
+
+
 def measure_bundle(bundle_dir: str, device: str | None = None, method: str | None = None, repeat: int = 20,
                    number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0, limit: int | None = None,
                    out: str | None = None, progress=None) -> dict:
@@ -99,6 +109,8 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
     if method == "threads" and kind != "cpu":
         raise InteropError("the worker-thread method measures CPU kernels only; use --method vm on a GPU")
     dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
+    if kind == "cuda":
+        _check_cuda_binaries(plan, lib_path, dev)
     from .model import kernel_library
 
     try:

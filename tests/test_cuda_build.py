@@ -133,6 +133,22 @@ def test_reference_cuda_build(branchy_model, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- profile bundles
+def test_a_cuda_bundle_must_carry_binaries_for_the_gpu():
+    """The measuring machine has TVM's runtime only: a CUDA bundle without recorded fatbin arches (CUDA source,
+    as bundles were exported before) is refused with the remedy, and one built for another arch names both."""
+    from types import SimpleNamespace
+
+    from tvm_interop.runtime.errors import ExportError
+    from tvm_interop.runtime.profile_bundle import _check_cuda_binaries
+
+    h100 = SimpleNamespace(compute_version="9.0", device_name="NVIDIA H100")
+    with pytest.raises(ExportError, match="CUDA source.*rebuild it"):
+        _check_cuda_binaries({"device": "cuda"}, "b/bundle.so", h100)
+    with pytest.raises(DeviceError, match="sm_80"):
+        _check_cuda_binaries({"device": "cuda", "cuda_arches": ["sm_80"]}, "b/bundle.so", h100)
+    _check_cuda_binaries({"device": "cuda", "cuda_arches": ["sm_90"]}, "b/bundle.so", h100)
+
+
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory, branchy_model):
     from tvm_interop.passes.profile_bundle import build_profile_bundle

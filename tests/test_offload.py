@@ -284,6 +284,11 @@ def test_library_stages_in_a_bundle_and_auto_by_the_table(tmp_path):
         spec = plan["units"][run[0]]
         assert spec["func"] == CONV2D_FUNC and spec["params"] == list(offloadable[st["groups"][0][0]].params)
     assert b"tvm_interop.cudnn.conv2d" in open(tmp_path / "b" / plan["library"], "rb").read()
+    # what the device loads with TVM's runtime alone: kernels as binaries for the recorded arch, no CUDA source
+    from tvm_interop.passes.cuda_compile import fatbin_arches, library_cuda_images
+
+    images = library_cuda_images(str(tmp_path / "b" / plan["library"]))
+    assert images and [fatbin_arches(c) for _, c in images] == [["sm_90"]] and plan["cuda_arches"] == ["sm_90"]
 
     names = sorted(offloadable)
     faster_in_tvm = set(names[::3])            # stand-in: every third unit's TVM kernel is the faster one
