@@ -15,6 +15,11 @@ that needs the compiler happens here, the device only loads and runs. ``scripts/
       cost ``sim:h100`` unless ``--cost``) and mode (stage, dependency) the stream-lowered program, with and
       without CUDA graph, all in one library sharing the kernels.
 
+    ``--unit-costs MODELS`` adds to each model a profiling bundle of its units (on CUDA each offloadable one also
+    as its library call), which ``run`` measures into ``unit_costs/<model>.json``; ``--auto MODEL=TABLE`` builds
+    from such a table the entry ``MODEL+auto`` (``units="auto"``: per unit, whichever measured faster). The
+    per-unit choice thus takes two device calls, with a build here between them.
+
     ``--tuned MODEL=DIR`` (repeatable) adds the entry ``MODEL+tuned``: the same libraries built with the kernels of a
     MetaSchedule database (tuned through ``tvm-interop tune --bundle``/``--import`` rounds or ``--rpc``), so one run
     compares default and tuned kernels, each against its own plain TVM reference.
@@ -115,6 +120,13 @@ def main(argv=None) -> int:
     b.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                    help="also build MODEL with the kernels of this tuning database (`tvm-interop tune --bundle/"
                         "--import` or `--rpc`): a second entry MODEL+tuned, every variant with tuned kernels")
+    b.add_argument("--unit-costs", default="", metavar="MODELS",
+                   help="comma-separated models (or all) that also get a unit bundle: every unit alone and, on CUDA, "
+                        "every offloadable one as its cuDNN / cuBLAS call; the run measures it into "
+                        "unit_costs/MODEL.json, the table --auto builds with")
+    b.add_argument("--auto", action="append", default=[], metavar="MODEL=TABLE",
+                   help="also an entry MODEL+auto: each offloadable unit as the library call where TABLE (a run's "
+                        "unit_costs/MODEL.json) measured it faster than the TVM kernel (units=\"auto\")")
     b.set_defaults(func=cmd_build)
     r = sub.add_parser("run", help="there: runtime only; check and time every variant")
     r.add_argument("--dir", default=DEFAULT_DIR)

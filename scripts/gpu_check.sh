@@ -25,6 +25,9 @@
 #         python3 finds libcudnn / libcublasLt in its nvidia-* wheels), checked against plain TVM's own kernels.
 #         That is about 2.5x the variants of before: run the models in two or three calls (--models) to stay
 #         inside the device tool's 600 s per call.
+#         --unit-costs MODELS adds a bundle of each model's units (and their library calls), which the run
+#         measures into $OUT/unit_costs/MODEL.json; a second build with --auto MODEL=<that file> adds the entry
+#         MODEL+auto (per unit, TVM kernel or library call, whichever measured faster) for a second run.
 #   2. there: one call of the device tool's `run` with
 #        carry: [".gpu_check"]      command: bash scripts/gpu_check.sh run      (timeout_s 600)
 #      which unpacks the runtime kit into /tmp, installs the wheel with `pip install --no-index --target`, sets

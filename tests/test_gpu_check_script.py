@@ -56,7 +56,7 @@ def dry_build(tmp_path_factory) -> str:
     build, in seconds."""
     d = str(tmp_path_factory.mktemp("gpu_check") / "build")
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
-            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave")
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave", "--unit-costs", "squeezenet")
     assert r.returncode == 0, r.stderr[-3000:]
     return d
 
@@ -76,6 +76,13 @@ def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
     result = json.load(open(os.path.join(out, "gpu_check.json")))
     assert result["runtime_only"] == {"tvm_compiler_loaded": False, "compiler_modules": []}
     assert all(v["ok"] for v in result["models"][0]["variants"])
+    # the unit bundle (--unit-costs), measured with the runtime alone into the table `build --auto` reads
+    uc = result["models"][0]["unit_costs"]
+    table = json.load(open(os.path.join(out, uc["table"])))
+    assert uc["table"] == os.path.join("unit_costs", "squeezenet.json") and table["format"] == "tvm-interop-cost-table"
+    assert uc["units"] == len(table["units"]) == result["models"][0]["units"] and uc["all_tvm_us"] > 0
+    assert uc["offloadable"] == 0   # a CPU dry run has no library calls to compare with
+    assert "Unit table `unit_costs/squeezenet.json`" in open(os.path.join(out, "gpu_check.md")).read()
 
 
 def test_torch_replay_needs_only_tvm_runtime(tmp_path):
@@ -256,7 +263,8 @@ def test_run_report_records_the_environment(dry_build, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.load(open(os.path.join(out, "gpu_check.json")))
     assert set(ENV_KEYS) <= set(result["environment"])
-    assert result["models"][0]["kernels"] == {"libs/squeezenet.plain.so": [], "libs/squeezenet.sched.so": []}
+    assert result["models"][0]["kernels"] == {"libs/squeezenet.plain.so": [], "libs/squeezenet.sched.so": [],
+                                              "bundles/squeezenet/bundle.so": []}
     md = open(os.path.join(out, "gpu_check.md")).read()
     assert "| compute capability |" in md and "| CUDA runtime |" in md
 
@@ -336,6 +344,11 @@ def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
     assert all(v.get("ok") is not False for m in result["models"] for v in m["variants"])
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--tuned", "resnet50=" + db)
     assert r.returncode != 0 and "not built" in r.stderr
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--unit-costs", "resnet50")
+    assert r.returncode != 0 and "--unit-costs names models that are not built" in r.stderr
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--auto",
+            f"squeezenet={d}/manifest.json")
+    assert r.returncode != 0 and "need a CUDA target" in r.stderr
 
 
 def test_report_prices_one_reused_event():

@@ -281,13 +281,60 @@ def _torch_fields(ctx: BuildContext, name: str, mod) -> dict:
     return {"torch_program": path}
 
 
+def _xz_in_place(path: str) -> None:
+    """Replace ``path`` by ``path + '.xz'`` (the device side decompresses it: ``gpucheck.device.library_path``)."""
+    import lzma
+
+    with atomic.atomic_path(path + ".xz") as tmp, open(path, "rb") as f, lzma.open(tmp, "wb", preset=6) as g:
+        g.write(f.read())
+    os.unlink(path)
+
+
+def _unit_bundle(ctx: BuildContext, name: str, program) -> dict:
+    """The model's units alone, and on CUDA each offloadable one also as its cuDNN / cuBLAS call, in a profiling
+    bundle that ``run`` measures into ``unit_costs/<model>.json``: the table ``units="auto"`` picks by, per unit
+    (``build --auto MODEL=TABLE`` in the next round; ``tvm-interop compile --units auto --cost table:...``)."""
+    from tvm_interop.passes.profile_bundle import LIBRARY, BundleOptions, build_profile_bundle
+
+    rel = os.path.join("bundles", name)
+    stages = [{"groups": [[u.name]], "sources": ["unit"]} for u in program.graph.units]
+    bundle = build_profile_bundle(program, ctx.target, os.path.join(ctx.out, rel),
+                                  BundleOptions(ios=False, lios=False, library=ctx.gpu), stages=stages)
+    _xz_in_place(os.path.join(ctx.out, rel, LIBRARY))
+    library = sum(st.get("strategy") == "library" for st in bundle.plan["stages"])
+    log(f"  {name}: unit bundle of {len(program.graph)} units and {library} library calls -> {rel}")
+    return {"unit_bundle": rel}
+
+
+def _auto_offload(program, table_path: str):
+    """``(program, report)`` with each offloadable unit as the library call where the device's unit table
+    measured it faster than the TVM kernel (``units="auto"``); the table must have been measured for this graph."""
+    from tvm_interop.passes.cost.table import TableCostModel
+    from tvm_interop.passes.offload import offload
+
+    from tvm_interop.runtime.errors import InteropError
+
+    try:
+        table = TableCostModel(table_path)
+        table.check_graph(program.graph)
+    except InteropError as e:
+        raise SystemExit(f"gpu_check build: --auto: {e}") from None
+    times = table.implementation_times()
+    if not times:
+        raise SystemExit(f"gpu_check build: {table_path} has no library measurements (was it measured from a bundle "
+                         "built with --unit-costs for a CUDA target?)")
+    return offload(program, units="auto", measured=times)
+
+
 def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm",
-                tf32: bool = False) -> dict:
+                tf32: bool = False, unit_bundle: bool = False, auto_table: str | None = None) -> dict:
     """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON.
     ``tuning_db``: the entry ``NAME+tuned``, every variant (plain TVM included) built with the database's tuned
     kernels, so that the run compares tuned and default kernels model by model. ``units="cudnn"``: the entry
     ``NAME+cudnn``, whose scheduled variants (sequential included) run every offloadable convolution / dense layer
-    as a cuDNN / cuBLAS call (``passes.offload``), checked against plain TVM with TVM's own kernels."""
+    as a cuDNN / cuBLAS call (``passes.offload``), checked against plain TVM with TVM's own kernels;
+    ``units="auto"`` with ``auto_table`` (a unit table a run measured): the entry ``NAME+auto``, each unit as
+    whichever the table measured faster. ``unit_bundle``: also the bundle that measures such a table."""
     import dataclasses
 
     import tvm_interop
@@ -308,10 +355,16 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
     if units != "tvm":
         from tvm_interop.passes.offload import offload
 
-        scheduled_program, report = offload(program, units=units, tf32=tf32)
+        if units == "auto":
+            scheduled_program, report = _auto_offload(program, auto_table)
+        else:
+            scheduled_program, report = offload(program, units=units, tf32=tf32)
         label = f"{name}+{units}" + ("+tf32" if tf32 else "")
         extra = {"library_units": len(report.offloaded), "left_to_tvm": report.refused,
+                 **({"chosen_by": report.chosen_by, "unit_table": os.path.abspath(auto_table)} if auto_table else {}),
                  "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
+    elif unit_bundle:
+        extra = _unit_bundle(ctx, name, program)
     plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)   # the reference: TVM's own kernels
     sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program, tf32=tf32)
     entry = {"name": label, "image_size": image, "units": len(program.graph),
@@ -319,7 +372,7 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
              "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
              "plain": {"library": plain_lib}, "variants": plain + sched,
              "kernels": {plain_lib: plain_formats, sched_lib: sched_formats},
-             **(extra or _torch_fields(ctx, name, mod))}
+             **extra, **({} if "torch_note" in extra else _torch_fields(ctx, name, mod))}
     log(f"  {label}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
         f"{time.perf_counter() - t0:.0f} s" + (f" ({len(extra['tuned_kernels'])} tuned kernels)"
                                               if "tuned_kernels" in extra else "")
@@ -352,6 +405,15 @@ def _manifest(ctx: BuildContext) -> dict:
             "max_streams": a.max_streams, "models": []}
 
 
+def _model_list(text: str, names: list[str], option: str) -> list[str]:
+    """The models an option names (comma-separated, ``all`` or ``''``); each must be one that is built."""
+    chosen = names if text == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        raise SystemExit(f"gpu_check build: {option} names models that are not built: {unknown}")
+    return chosen
+
+
 def cmd_build(args) -> int:
     """Build every requested model into ``--dir``; exit 1 when the result is over the device tool's carry
     budget (it could not be carried to the GPU machine)."""
@@ -372,18 +434,28 @@ def cmd_build(args) -> int:
     unknown = sorted(set(tuned) - set(names))
     if unknown:
         raise SystemExit(f"gpu_check build: --tuned names models that are not built: {unknown}")
-    with_library = [m.strip() for m in args.cudnn.split(",") if m.strip()] if args.cudnn != "all" else names
-    unknown = sorted(set(with_library) - set(names))
-    if unknown:
-        raise SystemExit(f"gpu_check build: --cudnn names models that are not built: {unknown}")
+    with_library = _model_list(args.cudnn, names, "--cudnn")
+    with_bundle = _model_list(args.unit_costs, names, "--unit-costs")
+    auto = {}
+    for item in args.auto:
+        model, sep, path = item.partition("=")
+        if not sep or not os.path.isfile(path):
+            raise SystemExit(f"gpu_check build: --auto wants MODEL=TABLE with a unit table a run measured "
+                             f"(unit_costs/MODEL.json), got {item!r}")
+        auto[model] = path
+    _model_list(",".join(auto), names, "--auto")
+    if auto and not ctx.gpu:
+        raise SystemExit("gpu_check build: --auto chooses library units, which need a CUDA target")
     for name in names:
-        manifest["models"].append(build_model(ctx, name))
+        manifest["models"].append(build_model(ctx, name, unit_bundle=name in with_bundle))
         if name in tuned:
             manifest["models"].append(build_model(ctx, name, tuned[name]))
         if name in with_library and ctx.gpu:
             manifest["models"].append(build_model(ctx, name, units="cudnn"))
             if args.tf32:   # reported separately: TF32 changes the numbers (checked with TF32's tolerance)
                 manifest["models"].append(build_model(ctx, name, units="cudnn", tf32=True))
+        if name in auto:
+            manifest["models"].append(build_model(ctx, name, units="auto", auto_table=auto[name]))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")

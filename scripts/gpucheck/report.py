@@ -99,7 +99,21 @@ def render_markdown(result: dict) -> str:
                              f"{pk['speedup']:.2f}x | {'yes' if pk['never_slower'] else 'NO'} |")
             lines.append("")
         lines += _events_table(m)
+        lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
+
+
+def _unit_costs_lines(m: dict) -> list[str]:
+    """The unit table's summary (``build --unit-costs``): what a per-unit choice of TVM kernel or library call could
+    save, before ``build --auto`` makes the program that does it."""
+    uc = m.get("unit_costs")
+    if not uc:
+        return []
+    return [f"Unit table `{uc['table']}` ({uc.get('method')}): {uc['units']} units, {uc['all_tvm_us']:.0f} us as TVM "
+            f"kernels one by one. Of the {uc['offloadable']} offloadable units the library call measured faster for "
+            f"{uc['library_faster']}; together they take {uc['offloadable_tvm_us']:.0f} us as TVM kernels, "
+            f"{uc['offloadable_library_us']:.0f} us as library calls, {uc['offloadable_faster_us']:.0f} us each as "
+            "the faster (`build --auto MODEL=TABLE` builds that program).", ""]
 
 
 def _events_table(m: dict) -> list[str]:

@@ -90,7 +90,12 @@ def selected_models(manifest: dict, models: str | None) -> list[dict]:
 def preflight(d: str, entries: list[dict]) -> dict[str, dict[str, list[str]]]:
     """``{model: {library: CUDA kernel formats}}``; raises SourceKernelsError before anything is loaded when a
     library holds CUDA source (no load-time compile on the device)."""
-    return {e["name"]: check_kernels(d, [v["library"] for v in e["variants"]]) for e in entries}
+    return {e["name"]: check_kernels(d, [v["library"] for v in e["variants"]]
+                                     + ([_bundle_library(e)] if e.get("unit_bundle") else [])) for e in entries}
+
+
+def _bundle_library(entry: dict) -> str:
+    return os.path.join(entry["unit_bundle"], "bundle.so")
 
 
 class CannotRun(Exception):
@@ -333,8 +338,43 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
         for rec in _torch_records(args, manifest, entry):
             model["variants"].append(rec)
             _log_variant(entry["name"], rec)
+    if entry.get("unit_bundle"):
+        model["unit_costs"] = measure_units(args, entry)
+        uc = model["unit_costs"]
+        log(f"  {entry['name']:16s} unit table -> {uc['table']}: library faster for {uc['library_faster']} of "
+            f"{uc['offloadable']} offloadable units; their sum {uc['offloadable_tvm_us']:.0f} us as TVM kernels, "
+            f"{uc['offloadable_library_us']:.0f} as library calls, {uc['offloadable_faster_us']:.0f} the faster each")
     model["seconds"] = time.perf_counter() - t0
     return model
+
+
+def measure_units(args, entry: dict) -> dict:
+    """The model's unit bundle (``build --unit-costs``) measured as a cost table, written to
+    ``OUT/unit_costs/<model>.json`` (what ``build --auto MODEL=TABLE`` and ``compile --units auto --cost table:``
+    choose by), and its summary: per offloadable unit the faster of TVM kernel and library call."""
+    from tvm_interop.runtime.json_file import read_json
+    from tvm_interop.runtime.profile_bundle import measure_plan
+
+    from .device import library_path
+
+    plan = read_json(os.path.join(args.dir, entry["unit_bundle"], "bundle.json"))
+    rel = os.path.join("unit_costs", f"{entry['name']}.json")
+    os.makedirs(os.path.join(args.out, "unit_costs"), exist_ok=True)
+    table = measure_plan(plan, library_path(args.dir, _bundle_library(entry)), out=os.path.join(args.out, rel))
+    return {"table": rel, **unit_cost_summary(table)}
+
+
+def unit_cost_summary(table: dict) -> dict:
+    """Sums over a unit table, in microseconds: every TVM kernel; the offloadable units as TVM kernels, as library
+    calls, and each as the faster of the two (what ``units="auto"`` would run); how many the library wins."""
+    tvm_us = {u: v * 1e6 for u, v in table["units"].items()}
+    library_us = {st["groups"][0][0]: st["latency"] * 1e6 for st in table["stages"] if st.get("strategy") == "library"}
+    both = [(tvm_us[u], lib) for u, lib in library_us.items() if u in tvm_us]
+    return {"units": len(tvm_us), "offloadable": len(library_us), "library_faster": sum(lib < t for t, lib in both),
+            "all_tvm_us": sum(tvm_us.values()), "offloadable_tvm_us": sum(t for t, _ in both),
+            "offloadable_library_us": sum(lib for _, lib in both),
+            "offloadable_faster_us": sum(min(t, lib) for t, lib in both), "method": table.get("method"),
+            "seconds": table.get("seconds")}
 
 
 def _write(out: str, result: dict) -> None:
