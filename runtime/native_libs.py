@@ -14,6 +14,9 @@ exported model ``.so`` that TVM's runtime loads:
     ``params = [has_bias, relu, w_transposed, tf32]``.
 ``tvm_interop.native.info() -> str``
     JSON: version, function names, which CUDA libraries load (never raises).
+``tvm_interop.native.call_stats(reset) -> str``
+    JSON: per library function, steady-state calls and their mean host time before the library's compute call
+    (ours) and in it (the library's); ``reset`` zeroes the counters after reading.
 
 The extension has no link-time dependency on CUDA: it ``dlopen``s ``libcudart.so.13``, ``libcudnn.so.9`` and
 ``libcublasLt.so.13`` by soname on first use. pip's ``nvidia-*`` wheels put those in ``site-packages/nvidia/*/lib``,
@@ -41,6 +44,7 @@ EXTENSION_FUNCTIONS = (
     "tvm_interop.cudnn.conv2d",
     "tvm_interop.cublas.dense",
     "tvm_interop.native.info",
+    "tvm_interop.native.call_stats",
 )
 EXTENSION_PREFIX = "tvm_interop."
 
@@ -162,6 +166,15 @@ def extension_functions() -> list[str]:
     import tvm_ffi.registry
 
     return sorted(n for n in tvm_ffi.registry.list_global_func_names() if n.startswith(EXTENSION_PREFIX))
+
+
+def library_call_stats(reset: bool = False) -> dict | None:
+    """``tvm_interop.native.call_stats(reset)`` parsed (host microseconds per steady-state cuDNN / cuBLAS call, by
+    phase), or None when no extension is loaded."""
+    import tvm_ffi
+
+    f = tvm_ffi.get_global_func("tvm_interop.native.call_stats", allow_missing=True)
+    return None if f is None else json.loads(f(bool(reset)))
 
 
 def extension_info() -> dict | None:

@@ -145,6 +145,17 @@ def test_info_in_process(loaded):
         assert info["libraries"]["cudnn"]["version"] // 10000 == 9
 
 
+def test_call_stats_count_only_calls_that_ran(loaded):
+    """``call_stats``: host time per steady-state library call, by phase. Refused calls never reach a library, so
+    they are not counted (without a GPU nothing runs: the counts stay zero; the device run fills them)."""
+    assert native_libs.library_call_stats(reset=True) is not None
+    with pytest.raises(ValueError):
+        _fn("tvm_interop.cublas.dense")([1, 0, 1], _t((2, 4)), _t((3, 4)), _t((2, 3)))
+    stats = native_libs.library_call_stats()
+    assert stats == {"conv2d": {"calls": 0, "prepare_us": 0, "library_us": 0},
+                     "dense": {"calls": 0, "prepare_us": 0, "library_us": 0}}
+
+
 def test_preload_never_raises():
     out = native_libs.preload_cuda_libraries(["libcudnn.so.9", "libdoes-not-exist.so.1"])
     assert out["libdoes-not-exist.so.1"].startswith("error: ")

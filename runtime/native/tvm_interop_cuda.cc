@@ -9,6 +9,7 @@
 //   tvm_interop.cudnn.conv2d(params, x, w, [bias], [z], out)   out = act(conv(x, w) + bias + z)
 //   tvm_interop.cublas.dense(params, x, w, [bias], out)        out = act(x . w(^T) + bias)
 //   tvm_interop.native.info() -> str                           JSON: version, functions, libraries
+//   tvm_interop.native.call_stats(reset) -> str                JSON: host time per library call, by phase
 //
 // The output tensor is the LAST argument (destination-passing style: Relax's call_dps_packed appends it).
 //
@@ -38,6 +39,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -66,8 +68,9 @@ constexpr const char* kEventSync = "tvm_interop.cuda.event_sync";
 constexpr const char* kConv2d = "tvm_interop.cudnn.conv2d";
 constexpr const char* kDense = "tvm_interop.cublas.dense";
 constexpr const char* kInfo = "tvm_interop.native.info";
-constexpr std::array<const char*, 6> kFunctionNames = {kEventsCreate, kEventsFree, kEventSync,
-                                                       kConv2d,       kDense,      kInfo};
+constexpr const char* kCallStats = "tvm_interop.native.call_stats";
+constexpr std::array<const char*, 7> kFunctionNames = {kEventsCreate, kEventsFree, kEventSync, kConv2d,
+                                                       kDense,        kInfo,       kCallStats};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lazily loaded CUDA libraries.
@@ -670,6 +673,57 @@ void EventSync(int64_t handle, int64_t k, ffi::AnyView src_stream, ffi::AnyView 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Host time of library calls.
+// ---------------------------------------------------------------------------------------------------------------
+
+// Where the host time of a steady-state library call goes (one whose plan and algorithm already existed, outside a
+// capture): "prepare" is everything of ours before the library's compute call (argument checks, library and
+// context lookups, device guard, capture query, locks, handle and stream binding, workspace), "library" the
+// compute call(s) themselves (cuDNN / cuBLASLt host work and the launches). Without a CUDA graph a call's host
+// time is on the critical path of small kernels: this tells whether it is ours to cut or the library's.
+struct CallStats {
+  std::atomic<int64_t> calls{0}, prepare_ns{0}, library_ns{0};
+};
+enum StatsSlot { kConvStats = 0, kDenseStats = 1 };
+
+CallStats& Stats(StatsSlot slot) {
+  static auto* stats = new std::array<CallStats, 2>();
+  return (*stats)[slot];
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void RecordCall(StatsSlot slot, int64_t start, int64_t library_start, int64_t end) {
+  CallStats& s = Stats(slot);
+  s.calls.fetch_add(1, std::memory_order_relaxed);
+  s.prepare_ns.fetch_add(library_start - start, std::memory_order_relaxed);
+  s.library_ns.fetch_add(end - library_start, std::memory_order_relaxed);
+}
+
+// {"conv2d": {"calls": n, "prepare_us": mean, "library_us": mean}, "dense": {...}}; `reset` zeroes the counters
+// after reading them (so a caller can attribute calls to one program).
+std::string CallStatsJson(bool reset) {
+  std::ostringstream os;
+  const char* names[] = {"conv2d", "dense"};
+  os << "{";
+  for (int i = 0; i < 2; ++i) {
+    CallStats& s = Stats(static_cast<StatsSlot>(i));
+    const int64_t n = reset ? s.calls.exchange(0) : s.calls.load();
+    const int64_t prep = reset ? s.prepare_ns.exchange(0) : s.prepare_ns.load();
+    const int64_t lib = reset ? s.library_ns.exchange(0) : s.library_ns.load();
+    const double d = n > 0 ? 1e3 * static_cast<double>(n) : 1.0;  // ns totals -> us means
+    os << (i ? ", " : "") << "\"" << names[i] << "\": {\"calls\": " << n << ", \"prepare_us\": " << prep / d
+       << ", \"library_us\": " << lib / d << "}";
+  }
+  os << "}";
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // cuDNN conv2d.
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -975,6 +1029,7 @@ bool RunConvFused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, 
 
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   const char* caller = kConv2d;
+  const int64_t t_start = NowNs();
   const ConvArgs a = ParseConvArgs(args);  // all validation first: no library is needed to refuse a bad call
   const CudartApi& rt = Cudart().Get(caller);
   const CudnnApi& dnn = Cudnn().Get(caller);
@@ -987,6 +1042,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   cudnnHandle_t handle = EnsureCudnnHandle(rt, dnn, ctx, capturing, caller);
 
   std::unique_ptr<ConvPlan>& plan = ctx.conv_plans[ConvKey(a)];
+  const bool steady = !capturing && plan != nullptr && plan->have_algo;
   if (!plan) plan = MakeConvPlan(dnn, a);
   if (!plan->have_algo) {
     // Search under the base math type: a heuristic pick made during a capture may have left another one on this
@@ -1011,6 +1067,7 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
 
   const bool fusable =
       a.has_bias && (a.relu || plan->algo.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  bool done = false;
   if (fusable) {
     std::vector<int64_t> fused_key = ConvKey(a);
     fused_key.push_back(a.relu);
@@ -1021,12 +1078,20 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
       refused = FusedRefused().count(fused_key) > 0;
     }
     if (!refused) {
-      if (RunConvFused(dnn, handle, *plan, a, ws, ws_size)) return;
-      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
-      FusedRefused().insert(std::move(fused_key));
+      const int64_t t_library = NowNs();
+      done = RunConvFused(dnn, handle, *plan, a, ws, ws_size);
+      if (done && steady) RecordCall(kConvStats, t_start, t_library, NowNs());
+      if (!done) {
+        std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+        FusedRefused().insert(std::move(fused_key));
+      }
     }
   }
-  RunConvUnfused(dnn, handle, *plan, a, ws, ws_size);
+  if (!done) {
+    const int64_t t_library = NowNs();
+    RunConvUnfused(dnn, handle, *plan, a, ws, ws_size);
+    if (steady) RecordCall(kConvStats, t_start, t_library, NowNs());
+  }
   (void)rv;
 }
 
@@ -1193,6 +1258,7 @@ std::unique_ptr<DensePlan> MakeDensePlan(const CublasLtApi& lt, cublasLtHandle_t
 
 void Dense(ffi::PackedArgs args, ffi::Any* rv) {
   const char* caller = kDense;
+  const int64_t t_start = NowNs();
   const DenseArgs a = ParseDenseArgs(args);  // all validation first
   const CudartApi& rt = Cudart().Get(caller);
   const CublasLtApi& lt = CublasLt().Get(caller);
@@ -1217,8 +1283,10 @@ void Dense(ffi::PackedArgs args, ffi::Any* rv) {
   }
 
   std::unique_ptr<DensePlan>& plan = ctx.dense_plans[DenseKey(a)];
+  const bool steady = !capturing && plan != nullptr;
   if (!plan) plan = MakeDensePlan(lt, handle, a, bias);  // host-only heuristic: fine during a capture
   void* ws = EnsureWorkspace(rt, ctx, plan->workspace, capturing, caller);
+  const int64_t t_library = NowNs();
   if (a.has_bias) {
     TVM_INTEROP_CUBLAS_CALL(lt, caller, cublasLtMatmulDescSetAttribute, plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                             &bias, sizeof(bias));
@@ -1227,6 +1295,7 @@ void Dense(ffi::PackedArgs args, ffi::Any* rv) {
   TVM_INTEROP_CUBLAS_CALL(lt, caller, cublasLtMatmul, handle, plan->op, &one, DataPtr(a.w), plan->a, DataPtr(a.x),
                           plan->b, &zero, DataPtr(a.out), plan->d, DataPtr(a.out), plan->d, &plan->algo, ws,
                           ctx.workspace_size, stream);
+  if (steady) RecordCall(kDenseStats, t_start, t_library, NowNs());
   (void)rv;
 }
 
@@ -1324,6 +1393,9 @@ void RegisterAll() {
   ffi::Function::SetGlobal(kDense, ffi::Function::FromPacked(&Dense), kOverride);
   ffi::Function::SetGlobal(kInfo, ffi::Function::FromTyped([]() -> ffi::String { return Info(); }, kInfo),
                            kOverride);
+  ffi::Function::SetGlobal(
+      kCallStats, ffi::Function::FromTyped([](bool reset) -> ffi::String { return CallStatsJson(reset); }, kCallStats),
+      kOverride);
 }
 
 struct Registrar {

@@ -99,8 +99,20 @@ def render_markdown(result: dict) -> str:
                              f"{pk['speedup']:.2f}x | {'yes' if pk['never_slower'] else 'NO'} |")
             lines.append("")
         lines += _events_table(m)
+        lines += _library_host_table(m)
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
+
+
+def _library_host_table(m: dict) -> list[str]:
+    """Host time of the direct (not captured) cuDNN / cuBLAS calls per variant: ours before the library's compute
+    call, and the library's own, in microseconds per call (the native extension's ``call_stats``)."""
+    rows = [f"| {v['name']} | {fn} | {st['calls']} | {st['prepare_us']:.1f} | {st['library_us']:.1f} |"
+            for v in m.get("variants", []) for fn, st in (v.get("library_host_us") or {}).items()]
+    if not rows:
+        return []
+    return ["Host time per direct library call (steady state; CUDA-graph replays make none):", "",
+            "| variant | function | calls | ours us | library us |", "|---|---|---:|---:|---:|", *rows, ""]
 
 
 def _unit_costs_lines(m: dict) -> list[str]:

@@ -40,6 +40,7 @@ class Variants:
                        for s in entry["inputs"]]
         self.weights = _weights(entry, seed + 1, lambda a: tvm.runtime.tensor(a, dev))
         self.dir, self.dev = d, dev
+        self.library_units = bool(entry.get("library_units"))
         self.vms: dict = {}
         self.streams: dict = {}
         if entry.get("library_units"):   # cuDNN / cuBLAS units: the NVIDIA libraries from pip's nvidia/*/lib
@@ -266,7 +267,13 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
         else:
             rec["max_abs_err"] = _max_err(out, ref)
             rec["ok"] = bool(rec["max_abs_err"] <= tolerance(ref, TF32_TOL_REL if var.get("tf32") else TOL_REL))
+        if variants.library_units:
+            from tvm_interop.runtime.native_libs import library_call_stats
+
+            library_call_stats(reset=True)
         rec.update(_bench(run_once, sync, args.warmup, args.repeat))
+        if variants.library_units:   # host us per direct library call: ours before the call, the library's in it
+            rec["library_host_us"] = {k: v for k, v in (library_call_stats(reset=True) or {}).items() if v["calls"]}
     except Exception as e:  # noqa: BLE001 - record and go on with the other variants
         rec.update(ok=False, error=_error_text(e))
         return rec, None, None
