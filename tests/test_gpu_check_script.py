@@ -365,3 +365,25 @@ def test_report_prices_one_reused_event():
     assert len([r for r in rows if r.startswith("| greedy")]) == 1
     assert "| greedy (dependency) | 20 | 0.500 | 0.400 | 1.25x | +5.00 |" in rows
     assert "Reused events" in gcreport.render_markdown({"models": [model]})
+
+
+def test_unit_table_summary_and_library_host_time():
+    """A unit table's summary: per offloadable unit the faster of TVM kernel and library call (what
+    ``build --auto`` would run), and the report's rows of host time per direct library call (made-up numbers)."""
+    from gpucheck import report as gcreport
+    from gpucheck.run import unit_cost_summary
+
+    table = {"units": {"a": 10e-6, "b": 20e-6, "pool": 5e-6}, "method": "time_evaluator (CUDA events)",
+             "stages": [{"groups": [["a"]], "strategy": "library", "latency": 4e-6},
+                        {"groups": [["b"]], "strategy": "library", "latency": 30e-6},
+                        {"groups": [["a"]], "strategy": "concurrent", "latency": 10e-6}]}
+    s = unit_cost_summary(table)
+    assert (s["units"], s["offloadable"], s["library_faster"]) == (3, 2, 1)
+    assert s["all_tvm_us"] == pytest.approx(35) and s["offloadable_tvm_us"] == pytest.approx(30)
+    assert s["offloadable_library_us"] == pytest.approx(34) and s["offloadable_faster_us"] == pytest.approx(24)
+    model = {"name": "m+cudnn", "units": 3, "image_size": 32, "unit_costs": {"table": "unit_costs/m.json", **s},
+             "variants": [{"name": "sequential", "median_ms": 1.0, "ok": True,
+                           "library_host_us": {"conv2d": {"calls": 260, "prepare_us": 1.5, "library_us": 17.25}}}]}
+    md = gcreport.render_markdown({"models": [model]})
+    assert "| sequential | conv2d | 260 | 1.5 | 17.2 |" in md
+    assert "library call measured faster for 1; together they take 30 us as TVM kernels, 34 us" in md
