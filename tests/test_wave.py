@@ -87,6 +87,112 @@ def test_block_partition_maps_each_block_to_one_member(seed):
     assert len({P.unflatten(i, dims) for i in range(n)}) == n
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_repacked_member_threads_are_each_run_once(seed):
+    """A member whose threads do not synchronise is repacked into the wave's block size: every one of its
+    ``grid x threads`` threads is some fused thread's, exactly once (the arithmetic of partition)."""
+    rng = random.Random(seed)
+    grid, threads, block = rng.randint(1, 40), rng.choice([1, 3, 32, 96, 128, 1024]), rng.choice([32, 64, 128, 256])
+    runs = [P.member_thread(b, t, block, threads) for b in range(P.repacked_blocks(grid, threads, block))
+            for t in range(block) if b * block + t < grid * threads]
+    assert sorted(runs) == [(b, t) for b in range(grid) for t in range(threads)]
+
+
+def _launch(k: int, grid: tuple, threads: tuple):
+    """A synthetic kernel launch of member ``k`` (its body: ``Evaluate(k)``) over a 2-D grid and 2-D block."""
+    from tvm.tirx import stmt as S
+
+    from tvm_interop.passes.wave.cuda import Launch
+
+    body = S.Evaluate(tvm.tirx.IntImm("int32", k))
+    ivars = {}
+    for tag, ext in reversed(list(zip(("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y"), grid + threads))):
+        v = tvm.tirx.Var(f"m{k}_{tag.replace('.', '_')}", "int32")
+        iv = tvm.tirx.IterVar(tvm.ir.Range(0, ext), v, tvm.tirx.IterVar.ThreadIndex, tag)
+        body = S.AttrStmt(iv, "thread_extent", tvm.tirx.IntImm("int32", ext), body)
+        ivars[tag] = v
+    return Launch(body, f"m{k}"), ivars
+
+
+def _emulate_launch(stmt, b: int, t: int) -> tuple[int, dict]:
+    """Which member body fused block ``b``, thread ``t`` runs, and the values its index variables get: the
+    emitted TIR evaluated (conditions and bindings simplified to constants), as the GPU would run it."""
+    from tvm.tirx import stmt as S
+
+    ana = tvm.sym.Analyzer()   # fresh per thread: each variable is bound once, to its constant
+    env: dict = {}
+    bx_attr = stmt
+
+    def bind(var, x: int) -> None:
+        env[var] = x
+        ana.bind(var, tvm.tirx.IntImm(var.ty.dtype, x))
+
+    def value(e) -> int:
+        return int(ana.simplify(e))
+
+    bind(bx_attr.node.var, b)
+    bind(bx_attr.body.node.var, t)
+
+    def walk(s):
+        if isinstance(s, S.AttrStmt):
+            return walk(s.body)
+        if isinstance(s, S.IfThenElse):
+            return walk(s.then_case) if value(s.condition) else (walk(s.else_case) if s.else_case else None)
+        if isinstance(s, S.SeqStmt):
+            for x in s.seq:
+                r = walk(x)
+                if r is not None:
+                    return r
+            return None
+        if isinstance(s, S.Bind):
+            bind(s.var, value(s.value))
+            return None
+        if isinstance(s, S.Evaluate):
+            return int(s.value)
+        raise AssertionError(f"unexpected statement {type(s).__name__}")
+
+    return walk(bx_attr.body.body), env
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_wave_launch_runs_every_member_thread_once(seed):
+    """The fused launch as emitted (TIR): synchronising members keep their blocks, the others are repacked into
+    the wave's block size; evaluated on every fused (block, thread), each member's every (block, thread) runs
+    exactly once, with its own index variables bound to it."""
+    from tvm_interop.passes.wave.cuda import wave_launch
+
+    rng = random.Random(seed)
+    block = rng.choice([(32, 2), (64, 1), (16, 4)])
+    members = []
+    for k in range(rng.randint(2, 4)):
+        syncs = k == 0 or rng.random() < 0.3
+        threads = block if syncs else rng.choice([(1024, 1), (8, 3), (32, 1), (64, 2), block])
+        grid = (rng.randint(1, 5), rng.randint(1, 3))
+        members.append((k, grid, threads, syncs))
+    launches, ivars = [], {}
+    for k, grid, threads, syncs in members:
+        la, iv = _launch(k, grid, threads)
+        launches.append((f"m{k}", la, syncs))
+        ivars[k] = iv
+    stmt = wave_launch(launches, "w")
+    total, width = int(stmt.value), int(stmt.body.value)
+    assert width == block[0] * block[1]
+    ran = {k: [] for k, *_ in members}
+    for b in range(total):
+        for t in range(width):
+            k, env = _emulate_launch(stmt, b, t)
+            if k is None:
+                continue
+            iv = ivars[k]
+            ran[k].append(tuple(env[iv[tag]] for tag in ("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y")))
+    for k, grid, threads, syncs in members:
+        want = sorted((bx, by, tx, ty) for by in range(grid[1]) for bx in range(grid[0])
+                      for ty in range(threads[1]) for tx in range(threads[0]))
+        assert sorted(ran[k]) == want, f"member {k} (syncs={syncs}, grid {grid}, block {threads})"
+        if syncs:   # a synchronising member keeps whole blocks: one fused block is one of its blocks
+            assert len(ran[k]) == grid[0] * grid[1] * width
+
+
 # ------------------------------------------------------------------------------------------- numerics
 @functools.lru_cache(maxsize=None)
 def _zoo(name: str):

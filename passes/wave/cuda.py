@@ -5,12 +5,14 @@ kernels); the end of a launch is the barrier between waves, so a chain's kernels
 launch the members' grids are laid end to end on ``blockIdx.x`` (:mod:`passes.wave.partition`): a block first
 finds its member (a comparison that is the same for every thread of the block), then re-derives the member's own
 ``blockIdx.{x,y,z}`` and ``threadIdx.{x,y,z}`` from the fused indices, x fastest as CUDA numbers them, so warps
-hold the same threads as in the member's own launch. The block size is the largest member's; a smaller member's
-surplus threads skip its body.
+hold the same threads as in the member's own launch. The block size is that of the members whose threads
+synchronise (shared memory, which gets ``__syncthreads``; cross-thread reductions and warp operations): they keep
+their blocks exactly. The other members are repacked (:func:`partition.repacked_blocks`): their threads, which
+never talk to each other, are laid in linear order over blocks of the wave's size, whatever their own block was.
+Without a synchronising member the block is the largest member's.
 
 What cannot share a launch is refused (:class:`NotFusable`, the stage keeps that member beside the fused kernel):
-a member whose threads synchronise (shared memory, which gets ``__syncthreads``; cross-thread reductions and warp
-operations) in a wave whose block is larger than its own, since its surplus threads would skip the barrier; and
+synchronising members of different block sizes in one wave (a barrier needs every thread of the block); and
 members whose static shared memory together exceeds the 48 KiB a block may declare. TVM's later passes (thread
 synchronisation, shared-memory planning, host/device split) then finish the fused kernel like any other.
 """
@@ -21,7 +23,7 @@ from tvm import s_tir, tirx
 from tvm.tirx import stmt as S
 
 from .lowered import LoweredKernel, Nest, NotFusable, flat, is_declaration, work
-from .partition import block_offsets
+from .partition import block_offsets, repacked_blocks, wave_block_size
 
 STATIC_SHARED_LIMIT = 48 * 1024
 _BLOCK = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
@@ -119,10 +121,10 @@ def split_cuda(name: str, func: tirx.PrimFunc) -> LoweredKernel:
 
 
 def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]:
-    """Which chains can share launches. Wave ``w`` runs the ``w``-th launch of every chain in blocks of its
-    largest launch's threads; a launch whose threads synchronise must have exactly that many. While some wave
-    breaks that, the chain in the most such conflicts is left out (with the reason). Returns the admitted chain
-    indices and, for the others, why not."""
+    """Which chains can share launches. Wave ``w`` runs the ``w``-th launch of every chain in blocks of the size
+    of its synchronising launches (:func:`partition.wave_block_size`), so those must agree on it. While some wave
+    has synchronising launches of different sizes, the chain in the most such conflicts is left out (with the
+    reason). Returns the admitted chain indices and, for the others, why not."""
     launches = [[(n.stmt.threads, k.syncs, k.name) for k in chain for n in k.nests] for chain in chains]
     alive = list(range(len(chains)))
     why: dict[int, str] = {}
@@ -133,10 +135,10 @@ def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]
             for i, (t, syncs, name) in here:
                 if not syncs:
                     continue
-                for j, (tj, _, other) in here:
-                    if tj > t:
-                        note = (f"{name}: its threads synchronise in blocks of {t} threads, and {other} runs blocks of "
-                                f"{tj} in the same fused launch (wave {w})")
+                for j, (tj, syncs_j, other) in here:
+                    if syncs_j and tj > t:   # members that do not synchronise are repacked to any block size
+                        note = (f"{name}: its threads synchronise in blocks of {t} threads, and {other}'s in blocks "
+                                f"of {tj}, in the same fused launch (wave {w})")
                         blame.setdefault(i, []).append(note)
                         blame.setdefault(j, []).append(note)
         if not blame:
@@ -165,26 +167,36 @@ def _bind_dims(table: dict, tags, linear, dtype: str) -> list:
 def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
     """One launch running ``launches`` (member name, launch, whether its threads synchronise)."""
     dtype = "int64"
-    block = max(la.threads for _, la, _ in launches)
+    block = wave_block_size([(la.threads, syncs) for _, la, syncs in launches])
     for member, la, syncs in launches:
         if syncs and la.threads != block:   # admit() keeps such chains out; a direct caller gets the reason
-            raise NotFusable(f"{member}: its threads synchronise, and its block of {la.threads} threads is smaller "
-                             f"than the wave's ({block})", unit=member)
-    offsets, total = block_offsets([la.grid for _, la, _ in launches])
+            raise NotFusable(f"{member}: its threads synchronise in blocks of {la.threads} threads, and the wave's "
+                             f"block has {block}", unit=member)
+    # blocks of each member in the fused grid: its own grid, or its threads repacked into the wave's blocks
+    grids = [la.grid if la.threads == block else repacked_blocks(la.grid, la.threads, block)
+             for _, la, _ in launches]
+    offsets, total = block_offsets(grids)
     bx = tirx.Var(f"{name}_bx", dtype)
     tx = tirx.Var(f"{name}_tx", dtype)
+    c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
     branches = []
-    for (member, la, _), offset in zip(launches, offsets):
-        local_b = bx - tirx.IntImm(dtype, offset) if offset else bx
-        body = [*_bind_dims(la.block, _BLOCK, local_b, dtype), *_bind_dims(la.thread, _THREAD, tx, dtype)]
+    for (member, la, _), offset, grid in zip(launches, offsets, grids):
+        local_b = bx - c(offset) if offset else bx
+        if la.threads == block:
+            member_b, member_t, guard = local_b, tx, None
+        else:   # repacked (partition.member_thread): linear thread L, guarded L < grid x threads
+            linear = local_b * c(block) + tx
+            member_b, member_t = tirx.floordiv(linear, c(la.threads)), tirx.floormod(linear, c(la.threads))
+            guard = tirx.LT(linear, c(la.grid * la.threads)) if grid * block != la.grid * la.threads else None
+        body = [*_bind_dims(la.block, _BLOCK, member_b, dtype), *_bind_dims(la.thread, _THREAD, member_t, dtype)]
         inner = la.body
         for attr in reversed(la.keep):
             inner = S.AttrStmt(attr.node, attr.attr_key, attr.value, inner)
         body.append(inner)
         stmt = S.SeqStmt(body)
-        if la.threads != block:
-            stmt = S.IfThenElse(tirx.LT(tx, tirx.IntImm(dtype, la.threads)), stmt, None)
-        branches.append((tirx.LT(bx, tirx.IntImm(dtype, offset + la.grid)), stmt))
+        if guard is not None:
+            stmt = S.IfThenElse(guard, stmt, None)
+        branches.append((tirx.LT(bx, c(offset + grid)), stmt))
     # if / else-if chain on the block index: uniform within a block
     chain = branches[-1][1]
     for cond, stmt in reversed(branches[:-1]):
@@ -200,16 +212,18 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
 def fuse_cuda(members: list[list[LoweredKernel]], prologue: list, params: list,
               attrs: dict) -> tuple[tirx.PrimFunc, int]:
     """The fused PrimFunc (see the module docstring) and its number of waves (launches)."""
-    shared = sum(k.shared_bytes for chain in members for k in chain)
-    if shared > STATIC_SHARED_LIMIT:
-        biggest = max((k for chain in members for k in chain), key=lambda k: k.shared_bytes)
-        raise NotFusable(f"the members declare {shared} bytes of shared memory together, over the "
-                         f"{STATIC_SHARED_LIMIT} a block may declare (largest: {biggest.name})", unit=biggest.name)
-    chains = [[(k.name, n.stmt, k.syncs) for k in chain for n in k.nests] for chain in members]
+    chains = [[(k, n.stmt) for k in chain for n in k.nests] for chain in members]
     decls = [d for chain in members for k in chain for d in k.decls]
     waves = []
     for w in range(max(len(c) for c in chains)):
-        launches = [c[w] for c in chains if w < len(c)]
-        waves.append(wave_launch(launches, f"wave{w}"))
+        here = [c[w] for c in chains if w < len(c)]
+        # each wave is a kernel of its own: it declares the shared memory of the members it runs (a member
+        # kernel's whole declaration with each of its launches: an upper bound)
+        shared = sum(k.shared_bytes for k, _ in here)
+        if shared > STATIC_SHARED_LIMIT:
+            biggest = max((k for k, _ in here), key=lambda k: k.shared_bytes)
+            raise NotFusable(f"the members of wave {w} declare {shared} bytes of shared memory together, over the "
+                             f"{STATIC_SHARED_LIMIT} a block may declare (largest: {biggest.name})", unit=biggest.name)
+        waves.append(wave_launch([(k.name, la, k.syncs) for k, la in here], f"wave{w}"))
     body = S.SeqStmt(list(prologue) + decls + waves)
     return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), len(waves)

@@ -16,7 +16,10 @@ member evenly instead would give the same unit every member's odd iteration (mea
 
 CUDA: the fused launch's block indices are the members' grids laid end to end (each member's grid flattened
 x-fastest, as CUDA linearises it): block ``b`` belongs to the member whose range ``[offset_m, offset_m + g_m)``
-contains it, at local block ``b - offset_m``.
+contains it, at local block ``b - offset_m``. The block size is that of the members whose threads synchronise
+(they keep their blocks exactly); a member whose threads do not synchronise is *repacked* into blocks of that
+size (its ``grid x threads`` threads in linear order, x fastest), so a wave of 128-thread convolutions can also
+hold 1024-thread elementwise kernels, and a small-block member fills whole blocks instead of idling the rest.
 """
 from __future__ import annotations
 
@@ -111,6 +114,26 @@ def block_offsets(grids: list[int]) -> tuple[list[int], int]:
         offsets.append(k)
         k += g
     return offsets, k
+
+
+def wave_block_size(launches: list[tuple[int, bool]]) -> int:
+    """Threads per block of a fused launch over ``launches`` (``(threads, synchronises)`` each): the block of the
+    members whose threads synchronise (they must all have it: ``cuda.admit``), else the largest member's."""
+    syncing = [t for t, syncs in launches if syncs]
+    return max(syncing) if syncing else max(t for t, _ in launches)
+
+
+def repacked_blocks(grid: int, threads: int, block: int) -> int:
+    """Blocks of ``block`` threads that hold a member's ``grid`` x ``threads`` threads, which do not synchronise:
+    its linear thread ``L = local_block * block + tx`` (x fastest) is its own block ``L // threads``, thread
+    ``L % threads``, and threads with ``L >= grid * threads`` skip the body."""
+    return _ceildiv(grid * threads, block)
+
+
+def member_thread(local_block: int, tx: int, block: int, threads: int) -> tuple[int, int]:
+    """(member block, member thread) that fused thread ``tx`` of the member's local block runs (repacked)."""
+    linear = local_block * block + tx
+    return linear // threads, linear % threads
 
 
 def owner_of_block(offsets: list[int], grids: list[int], b: int) -> tuple[int, int]:
