@@ -98,6 +98,25 @@ def test_repacked_member_threads_are_each_run_once(seed):
     assert sorted(runs) == [(b, t) for b in range(grid) for t in range(threads)]
 
 
+def test_admit_keeps_one_synchronising_block_size_per_wave():
+    """``admit``: launches that do not synchronise go with any block size (repacked); synchronising ones of
+    different sizes in one wave cannot, nor one smaller than a warp beside a larger launch."""
+    from types import SimpleNamespace as NS
+
+    from tvm_interop.passes.wave.cuda import admit
+
+    def chain(name, threads, syncs):
+        return [NS(name=name, syncs=syncs, nests=[NS(stmt=NS(threads=threads))])]
+
+    keep, why = admit([chain("conv", 128, True), chain("add", 1024, False), chain("pool", 64, False)])
+    assert keep == [0, 1, 2] and not why
+    keep, why = admit([chain("conv", 128, True), chain("add", 1024, False), chain("conv2", 256, True),
+                       chain("conv3", 256, True)])
+    assert keep == [1, 2, 3] and "conv: its threads synchronise in blocks of 128" in why[0]
+    keep, why = admit([chain("tiny", 8, True), chain("add", 1024, False), chain("mul", 512, False)])
+    assert keep == [1, 2] and "'s run in blocks of" in why[0]
+
+
 def _launch(k: int, grid: tuple, threads: tuple):
     """A synthetic kernel launch of member ``k`` (its body: ``Evaluate(k)``) over a 2-D grid and 2-D block."""
     from tvm.tirx import stmt as S

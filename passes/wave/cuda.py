@@ -26,6 +26,7 @@ from .lowered import LoweredKernel, Nest, NotFusable, flat, is_declaration, work
 from .partition import block_offsets, repacked_blocks, wave_block_size
 
 STATIC_SHARED_LIMIT = 48 * 1024
+WARP = 32   # a synchronising member's block under this size is not one the others are repacked into
 _BLOCK = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 _THREAD = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 _SYNCING_CALLS = ("tvm_thread_allreduce", "tvm_warp_shuffle", "tvm_storage_sync", "tvm_warp_activemask",
@@ -123,8 +124,9 @@ def split_cuda(name: str, func: tirx.PrimFunc) -> LoweredKernel:
 def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]:
     """Which chains can share launches. Wave ``w`` runs the ``w``-th launch of every chain in blocks of the size
     of its synchronising launches (:func:`partition.wave_block_size`), so those must agree on it. While some wave
-    has synchronising launches of different sizes, the chain in the most such conflicts is left out (with the
-    reason). Returns the admitted chain indices and, for the others, why not."""
+    has synchronising launches of different sizes (or one under a warp beside a larger launch), the chain in the
+    most such conflicts is left out (with the reason). Returns the admitted chain indices and, for the others,
+    why not."""
     launches = [[(n.stmt.threads, k.syncs, k.name) for k in chain for n in k.nests] for chain in chains]
     alive = list(range(len(chains)))
     why: dict[int, str] = {}
@@ -136,9 +138,12 @@ def admit(chains: list[list[LoweredKernel]]) -> tuple[list[int], dict[int, str]]
                 if not syncs:
                     continue
                 for j, (tj, syncs_j, other) in here:
-                    if syncs_j and tj > t:   # members that do not synchronise are repacked to any block size
-                        note = (f"{name}: its threads synchronise in blocks of {t} threads, and {other}'s in blocks "
-                                f"of {tj}, in the same fused launch (wave {w})")
+                    # members that do not synchronise are repacked to the block of those that do, unless that block
+                    # is under a warp (they would run in partial warps): then the small one stays out, as before
+                    if tj > t and (syncs_j or t < WARP):
+                        how = "synchronise" if syncs_j else "run"
+                        note = (f"{name}: its threads synchronise in blocks of {t} threads, and {other}'s {how} in "
+                                f"blocks of {tj}, in the same fused launch (wave {w})")
                         blame.setdefault(i, []).append(note)
                         blame.setdefault(j, []).append(note)
         if not blame:
