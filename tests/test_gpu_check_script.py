@@ -267,6 +267,9 @@ def test_run_report_records_the_environment(dry_build, tmp_path):
                                               "bundles/squeezenet/bundle.so": []}
     md = open(os.path.join(out, "gpu_check.md")).read()
     assert "| compute capability |" in md and "| CUDA runtime |" in md
+    # the code the carried build holds: the commit it was made from (a build may run on the GPU much later)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert result["build"]["built_from"].startswith(rev.strip()) and f"built from {rev.strip()}" in md
 
 
 # ------------------------------------------------------------------------------------- 5. build (CUDA)

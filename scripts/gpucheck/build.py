@@ -394,6 +394,22 @@ def _context(args) -> BuildContext:
                         out=args.dir)
 
 
+def _source_revision() -> str:
+    """The commit the build was made from (``+dirty`` with uncommitted changes), so a build carried to the GPU
+    later is reported with the code it holds, not with whatever the checkout is by then."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty else "")
+
+
 def _manifest(ctx: BuildContext) -> dict:
     import tvm
 
@@ -401,6 +417,7 @@ def _manifest(ctx: BuildContext) -> dict:
     return {"format": "tvm-interop-gpu-check", "version": 1,
             "target": f"cuda -arch={ctx.target.attrs['arch']}" if ctx.gpu else ctx.target.kind.name,
             "device": "cuda" if ctx.gpu else "cpu", "tvm": tvm.__version__, "built_on": platform.node(),
+            "built_from": _source_revision(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "width": a.width, "image_size": a.image_size, "batch": a.batch, "seed": a.seed, "cost": a.cost,
             "max_streams": a.max_streams, "models": []}
 

@@ -61,7 +61,8 @@ def render_markdown(result: dict) -> str:
         f"{result.get('multi_processors')} SMs); TVM {result.get('tvm')} runtime; PyTorch {result.get('torch')}.",
         f"Built for `{b.get('target')}` (width {b.get('width')}, batch {b.get('batch')}, image size "
         f"{b.get('image_size') or 'default'}, schedules searched with `{b.get('cost')}`, at most "
-        f"{b.get('max_streams')} streams).",
+        f"{b.get('max_streams')} streams; built from {b.get('built_from') or 'an unrecorded revision'}"
+        f"{' at ' + b['built_at'] if b.get('built_at') else ''}).",
         f"Latency: {result.get('timing')} of {result.get('repeat')} runs after {result.get('warmup')} warm-up runs. "
         "Correctness: outputs compared with plain TVM's direct build on the same GPU.",
         "",

@@ -248,7 +248,8 @@ def _new_result(args, manifest: dict, dev, is_gpu: bool) -> dict:
             "device": env["device"], "compute_version": env["compute_capability"], "multi_processors":
             env["sm_count"] if is_gpu else os.cpu_count(), "tvm": env["tvm"], "python": env["python"],
             "repeat": args.repeat, "warmup": args.warmup, "timing": "wall clock of one call + device sync; median",
-            "build": {k: manifest.get(k) for k in ("target", "width", "image_size", "batch", "cost", "max_streams")},
+            "build": {k: manifest.get(k) for k in ("target", "width", "image_size", "batch", "cost", "max_streams",
+                                                   "built_from", "built_at")},
             "torch": env["torch"] if _torch_available(is_gpu) else None, "models": []}
 
 
