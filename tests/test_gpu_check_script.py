@@ -56,8 +56,10 @@ def dry_build(tmp_path_factory) -> str:
     build, in seconds."""
     d = str(tmp_path_factory.mktemp("gpu_check") / "build")
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
-            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave", "--unit-costs", "squeezenet")
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave,ios", "--unit-costs", "squeezenet")
     assert r.returncode == 0, r.stderr[-3000:]
+    # ios merges SqueezeNet's expand convolutions: built merged, as tvm_interop.compile ships them
+    assert "squeezenet: ios: 8 merge stage(s) applied" in r.stderr
     return d
 
 
@@ -76,6 +78,7 @@ def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
     result = json.load(open(os.path.join(out, "gpu_check.json")))
     assert result["runtime_only"] == {"tvm_compiler_loaded": False, "compiler_modules": []}
     assert all(v["ok"] for v in result["models"][0]["variants"])
+    assert {"ios", "ios + CUDA graph"} <= {v["name"] for v in result["models"][0]["variants"]}
     # the unit bundle (--unit-costs), measured with the runtime alone into the table `build --auto` reads
     uc = result["models"][0]["unit_costs"]
     table = json.load(open(os.path.join(out, uc["table"])))

@@ -196,9 +196,11 @@ def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], 
 
 def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
     """Every (scheduler, mode) program, stream-lowered and checked: ``(scheduler, mode, prefix, lowered,
-    schedule)``."""
+    schedule, weight recipe)``; the recipe (None when the weights are the model's) derives the weights of a program
+    with IOS's merged convolutions from the model's (``gpucheck.common.derive_weights``)."""
     from tvm_interop.passes.as_built import check_lowered
     from tvm_interop.passes.lower_streams import lower_program
+    from tvm_interop.passes.merge import apply_merges, has_merges
     from tvm_interop.passes.schedulers import available_schedulers, schedule_graph
 
     out = []
@@ -209,7 +211,12 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
             continue
         opts = {"max_streams": ctx.args.max_streams} if sname == "greedy" else {}
         sched = schedule_graph(program.graph, sname, ctx.args.cost, model_name=name, **opts)
-        prog = program
+        prog, recipe = program, None
+        if has_merges(sched):   # IOS's merge stages run as merged kernels, as tvm_interop.compile builds them
+            merges = sum(st.strategy == "merge" for st in sched.stages)
+            prog, sched = apply_merges(program, sched, target=ctx.target)
+            recipe = _weight_recipe(program, prog, sched.options["merges"])
+            log(f"  {name}: {spec}: {merges} merge stage(s) applied")
         if spec.endswith(WAVE):   # every fusable stage fused (the H100 run tells whether it pays)
             from tvm_interop.passes.wave import apply_wave_fusion
 
@@ -228,8 +235,45 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
                 if sync == "events" and low.sync != "events":
                     continue   # nothing to order (one stream): the same program as with TVM's sync
                 check_lowered(low.mod, ctx.target).raise_if_unsafe()
-                out.append((spec, mode, prefix, low, sched))
+                out.append((spec, mode, prefix, low, sched, recipe))
     return out
+
+
+def _weight_recipe(program, merged, merges: list[dict]) -> list[dict]:
+    """How each weight of ``merged`` (``program`` with IOS's merges applied) derives from ``program``'s weights
+    (:func:`gpucheck.common.derive_weights`): the unchanged ones by identity, the merged convolutions' weights
+    and biases as ``passes.merge`` builds them; checked here on the model's real weights."""
+    import numpy as np
+
+    from tvm_interop.passes.merge import _merged_constants, mergeable
+
+    from .common import derive_weights
+
+    recipe: list = []
+    for c in merged.const_exprs:
+        j = next((j for j, o in enumerate(program.const_exprs) if o.same_as(c)), None)
+        recipe.append(None if j is None else {"from": j})
+    for m in merges:
+        units = m["units"]
+        geo = mergeable(units, program).geometry
+        weight, bias = _merged_constants(program, units, geo)
+        made = [(weight, {"pad_concat": [[program.calls[u].args[1].index, row, col]
+                                         for u, (row, col) in zip(units, geo.offsets)], "kernel": list(geo.kernel)})]
+        if bias is not None:
+            made.append((bias, {"concat": [program.calls[u].args[2].index for u in units], "axis": 1}))
+        for value, item in made:
+            k = next((k for k, r in enumerate(recipe) if r is None and merged.constants[k].shape == value.shape
+                      and np.array_equal(merged.constants[k], value)), None)
+            if k is None:
+                raise RuntimeError(f"merge of {units}: its merged weight is not among the program's constants")
+            recipe[k] = item
+    missing = [k for k, r in enumerate(recipe) if r is None]
+    if missing:
+        raise RuntimeError(f"weights {missing[:5]} of the merged program derive from no weight of the model")
+    derived = derive_weights([np.asarray(c) for c in program.constants], recipe)
+    if not all(np.array_equal(a, np.asarray(b)) for a, b in zip(derived, merged.constants)):
+        raise RuntimeError("the weight recipe does not reproduce the merged program's weights")
+    return recipe
 
 
 def _syncs(ctx: BuildContext) -> list[str]:
@@ -245,19 +289,20 @@ def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = Fals
     from tvm_interop.runtime.cuda import MAIN_GRAPH_FUNC
 
     pending = _lowered(ctx, name, program)
-    graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _ in pending]
-    ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _ in pending]), graph_funcs if ctx.gpu else [],
+    graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _, _ in pending]
+    ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _, _ in pending]), graph_funcs if ctx.gpu else [],
                      check=True)
     lib = os.path.join("libs", f"{name}.sched.so")
     formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches,
-                         _native_addons(program, [low for _, _, _, low, _ in pending]))
+                         _native_addons(program, [low for _, _, _, low, _, _ in pending]))
     variants = []
-    for sname, mode, prefix, low, sched in pending:
+    for sname, mode, prefix, low, sched, recipe in pending:
         label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "")
         common = {"library": lib, "streams": prefix + "__tvm_interop_streams", "num_streams": low.num_streams,
                   "sync": low.sync, **({"tf32": True} if tf32 else {}),
                   "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
-                  "predicted_ms": (sched.predicted_latency or 0) * 1e3}
+                  "predicted_ms": (sched.predicted_latency or 0) * 1e3,
+                  **({"weight_recipe": recipe} if recipe is not None else {})}
         gname = prefix + MAIN_GRAPH_FUNC
         syncs = {f: sp.count("sync") for f, sp in low.programs.items()}   # events issued per call (fork/join)
         variants.append({"name": label, "function": prefix + FUNC, "cuda_graph": False, "syncs": syncs.get(FUNC),

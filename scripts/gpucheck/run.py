@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from tvm_interop.runtime.errors import DeviceError
 
+from .common import derive_weights
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
                      runtime_only_status)
 from .report import render_markdown
@@ -38,7 +39,9 @@ class Variants:
         rng = np.random.default_rng(seed)
         self.inputs = [tvm.runtime.tensor(rng.standard_normal(tuple(s["shape"])).astype(s["dtype"]), dev)
                        for s in entry["inputs"]]
-        self.weights = _weights(entry, seed + 1, lambda a: tvm.runtime.tensor(a, dev))
+        self.raw_weights = _weights(entry, seed + 1, lambda a: a)
+        self.weights = [tvm.runtime.tensor(a, dev) for a in self.raw_weights]
+        self.derived: dict = {}   # weight recipe (merged programs) -> its weights on the device
         self.dir, self.dev = d, dev
         self.library_units = bool(entry.get("library_units"))
         self.vms: dict = {}
@@ -64,7 +67,14 @@ class Variants:
                 self.streams[key] = vm[var["streams"]]()
             extra = [self.streams[key]]
         fn = vm[var["function"]]
-        return lambda: fn(*self.inputs, *self.weights, *extra)
+        weights = self.weights
+        if var.get("weight_recipe"):   # IOS's merged convolutions: weights derived from the model's draws
+            key = json.dumps(var["weight_recipe"])
+            if key not in self.derived:
+                self.derived[key] = [tvm.runtime.tensor(a, self.dev)
+                                     for a in derive_weights(self.raw_weights, var["weight_recipe"])]
+            weights = self.derived[key]
+        return lambda: fn(*self.inputs, *weights, *extra)
 
     def close(self) -> None:
         for (lib, name), hs in self.streams.items():
