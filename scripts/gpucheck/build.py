@@ -80,8 +80,6 @@ def _export_xz(ex, path: str, arches: list[str] | None = None, addons: list[str]
     """Export the library and keep it xz-compressed (``path + '.xz'``): kernel libraries shrink ~40x. CUDA
     libraries carry fatbins for ``arches`` (``passes.cuda_compile``), so the device needs TVM's runtime only;
     returns the CUDA modules' formats, and refuses a CUDA library that came out holding source."""
-    import lzma
-
     if arches:
         from tvm_interop.passes.cuda_compile import export_cuda_library
 
@@ -92,9 +90,7 @@ def _export_xz(ex, path: str, arches: list[str] | None = None, addons: list[str]
     if arches and any(f in SOURCE_FORMATS for f in formats):
         raise RuntimeError(f"{path}: the export holds CUDA source, which the GPU machine cannot load without TVM's "
                            "compiler; the kernels must be exported as fatbins")
-    with atomic.atomic_path(path + ".xz") as tmp, open(path, "rb") as f, lzma.open(tmp, "wb", preset=6) as g:
-        g.write(f.read())
-    os.unlink(path)
+    _xz_in_place(path)
     return formats
 
 
