@@ -472,6 +472,21 @@ def _model_list(text: str, names: list[str], option: str) -> list[str]:
     return chosen
 
 
+def _model_paths(items: list[str], names: list[str], option: str, exists, wants: str) -> dict[str, str]:
+    """``{model: path}`` from repeated ``MODEL=PATH`` options; each path must pass ``exists`` and each model must
+    be one that is built."""
+    out = {}
+    for item in items:
+        model, sep, path = item.partition("=")
+        if not sep or not exists(path):
+            raise SystemExit(f"gpu_check build: {option} wants {wants}, got {item!r}")
+        out[model] = path
+    unknown = sorted(set(out) - set(names))
+    if unknown:
+        raise SystemExit(f"gpu_check build: {option} names models that are not built: {unknown}")
+    return out
+
+
 def cmd_build(args) -> int:
     """Build every requested model into ``--dir``; exit 1 when the result is over the device tool's carry
     budget (it could not be carried to the GPU machine)."""
@@ -483,25 +498,12 @@ def cmd_build(args) -> int:
         _runtime_kit(ctx.out, log)
     manifest = _manifest(ctx)
     names = list_models() if args.models == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
-    tuned = {}
-    for item in args.tuned:
-        model, sep, path = item.partition("=")
-        if not sep or not os.path.isdir(path):
-            raise SystemExit(f"gpu_check build: --tuned wants MODEL=DIR with an existing tuning database, got {item!r}")
-        tuned[model] = path
-    unknown = sorted(set(tuned) - set(names))
-    if unknown:
-        raise SystemExit(f"gpu_check build: --tuned names models that are not built: {unknown}")
+    tuned = _model_paths(args.tuned, names, "--tuned", os.path.isdir,
+                         "MODEL=DIR with an existing tuning database")
     with_library = _model_list(args.cudnn, names, "--cudnn")
     with_bundle = _model_list(args.unit_costs, names, "--unit-costs")
-    auto = {}
-    for item in args.auto:
-        model, sep, path = item.partition("=")
-        if not sep or not os.path.isfile(path):
-            raise SystemExit(f"gpu_check build: --auto wants MODEL=TABLE with a unit table a run measured "
-                             f"(unit_costs/MODEL.json), got {item!r}")
-        auto[model] = path
-    _model_list(",".join(auto), names, "--auto")
+    auto = _model_paths(args.auto, names, "--auto", os.path.isfile,
+                        "MODEL=TABLE with a unit table a run measured (unit_costs/MODEL.json)")
     if auto and not ctx.gpu:
         raise SystemExit("gpu_check build: --auto chooses library units, which need a CUDA target")
     for name in names:

@@ -46,7 +46,7 @@ class Variants:
         self.library_units = bool(entry.get("library_units"))
         self.vms: dict = {}
         self.streams: dict = {}
-        if entry.get("library_units"):   # cuDNN / cuBLAS units: the NVIDIA libraries from pip's nvidia/*/lib
+        if self.library_units:   # cuDNN / cuBLAS units: the NVIDIA libraries from pip's nvidia/*/lib
             from tvm_interop.runtime.native_libs import preload_cuda_libraries
 
             log(f"  {entry['name']}: NVIDIA libraries {preload_cuda_libraries()}")
