@@ -146,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20, help="timed runs of each (default 20)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     ap.add_argument("--top", type=int, default=15, help="heaviest kernels listed per side (default 15)")
+    ap.add_argument("--tuning-db", default=None, help="our kernels from this MetaSchedule database (`tvm-interop tune`)")
     ap.add_argument("--out", default=None, help="write <out>.json")
     args = ap.parse_args(argv)
 
@@ -156,7 +157,8 @@ def main(argv=None) -> int:
     mod, name = load_module(args.model, image_size=args.image_size, width=args.width)
     shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
-    cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout=args.layout)
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout=args.layout,
+                             tuning_db=args.tuning_db)
     try:
         ours = time_ours(cm, x, args.repeat, args.warmup)
     finally:

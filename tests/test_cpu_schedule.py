@@ -337,6 +337,7 @@ def test_dynamic_batch():
         np.testing.assert_allclose(_run(smod, inputs), _run(mod, inputs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.serial
 def test_scheduled_conv_is_much_faster():
     """A loose guard (the machine may be busy): >= 3x over the naive default on a mid-size conv."""
     import time

@@ -234,6 +234,7 @@ def test_server_killed_mid_job_loses_only_its_items(runtime_env, bundle, tmp_pat
     assert survivor and survivor[0]["items"] > report["items"] // 2
 
 
+@pytest.mark.serial
 def test_a_wedged_server_costs_one_timeout(runtime_env, bundle, tmp_path):
     """A server that stops answering mid-job (SIGSTOP: alive, registered, silent) holds its item for at most the
     measurement timeout; the item is then measured on the other server and the job finishes."""
@@ -281,6 +282,7 @@ def test_expected_fingerprint_refuses_everything_else(loopback):
 
 
 # ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.serial
 def test_unreachable_tracker_is_one_clear_error():
     t0 = time.perf_counter()
     with pytest.raises(FleetError, match=r"cannot reach the RPC tracker at 127\.0\.0\.1:1 .*rpc_tracker"):
@@ -295,6 +297,7 @@ def test_unknown_key_names_the_keys_there_are(loopback):
         Fleet(loopback.tracker, "h100").start()
 
 
+@pytest.mark.serial
 def test_no_free_device_within_the_wait(loopback):
     with _fleet(loopback) as holder:          # holds both servers
         assert len(holder.devices) == 2

@@ -56,6 +56,7 @@ def _gpu_present(info: dict) -> bool:
 
 # ---- build and cache ------------------------------------------------------------------------------------------
 
+@pytest.mark.serial
 def test_build_and_cache_hit(ext):
     assert os.path.isfile(ext.object_path) and os.path.isfile(ext.shared_path)
     assert ext.functions == EXTENSION_FUNCTIONS
