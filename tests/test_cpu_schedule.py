@@ -445,3 +445,27 @@ def test_batch1_dense_reads_its_weight_in_column_panels():
         inputs = _inputs(mod)
         np.testing.assert_allclose(_run(apply_cpu_schedules(mod, target), inputs, target), _run(mod, inputs),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_a_function_seen_before_gets_its_schedule_back_without_scheduling_again(monkeypatch):
+    """schedule_cpu remembers its results by structure: an equal function built anew (another candidate of the
+    same model) gets the same scheduled function; another target, parallel flag or function is scheduled anew."""
+    from tvm_interop.passes.kernels import cpu_schedule
+
+    def conv_func():
+        (f,) = [f for n, f in _prim_funcs(_conv((1, 16, 14, 14), 32, 3, pad=1)).items() if "conv2d" in n]
+        return f
+
+    first, again = conv_func(), conv_func()
+    assert first is not again
+    scheduled = schedule_cpu(first, TARGET)
+    calls = []
+    monkeypatch.setattr(cpu_schedule, "_schedule_with_plans", lambda *a: calls.append(a) or a[0])
+    assert schedule_cpu(again, TARGET) is scheduled and not calls
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    schedule_cpu(again, avx512)
+    schedule_cpu(again, TARGET, parallel=False)
+    assert len(calls) == 2
+    other = [f for n, f in _prim_funcs(_conv((1, 16, 14, 14), 32, 1)).items() if "conv2d" in n][0]
+    schedule_cpu(other, TARGET)
+    assert len(calls) == 3
