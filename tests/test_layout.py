@@ -79,6 +79,7 @@ def test_default_layout_on_cpu_is_blocked_and_matches():
     (16, 12, 12, 32, (1, 7), 1, (0, 3), 1),
     (16, 11, 11, 16, 3, 1, 2, 2),
     (64, 7, 7, 160, 1, 1, 0, 1),
+    (32, 40, 40, 32, 3, 1, 1, 1),   # padding big enough to run on the conv's threads
 ])
 def test_nchwc_kernel_scheduled_equals_topi(shape):
     """The blocked convolution, scheduled by its plan with a block of the host's vector width, equals TOPI's
@@ -111,6 +112,24 @@ def test_nchwc_kernel_scheduled_equals_topi(shape):
     want = tvm.runtime.tensor(np.zeros(got.shape, "float32"))
     rlib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(wt), want)
     np.testing.assert_allclose(got, want.numpy(), **TOL)
+
+
+def test_padding_of_a_parallel_convolution_runs_on_its_threads():
+    """A blocked convolution whose nest runs on the thread pool copies its padded input on the same threads (the
+    threads are awake anyway); a convolution too small for threads keeps a serial padding copy."""
+    from tvm_interop.runtime.cpu_threads import kernel_threads
+
+    def pad_loops(c, hw):
+        data = te.placeholder((1, c // 16, hw, hw, 16), name="data")
+        weight = te.placeholder((c // 16, c // 16, 3, 3, 16, 16), name="weight")
+        func = te.create_prim_func([data, weight, conv2d_nchwc(data, weight, (1, 1), (1, 1, 1, 1), (1, 1))])
+        text = schedule_cpu(func, HOST).script()
+        return text.split('T.sblock("pad')[0].split("\n")[-6:]
+
+    big, small = pad_loops(64, 56), pad_loops(16, 6)
+    if kernel_threads() > 1:
+        assert any("T.parallel" in line for line in big), big
+    assert not any("T.parallel" in line for line in small), small
 
 
 def test_layout_choices_and_refusals():
