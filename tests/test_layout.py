@@ -80,6 +80,9 @@ def test_default_layout_on_cpu_is_blocked_and_matches():
     (16, 11, 11, 16, 3, 1, 2, 2),
     (64, 7, 7, 160, 1, 1, 0, 1),
     (32, 40, 40, 32, 3, 1, 1, 1),   # padding big enough to run on the conv's threads
+    (16, 19, 19, 32, 3, 1, 0, 1),   # ragged widths (17, 19 columns: computed over 18 / 20, cropped) ...
+    (32, 17, 17, 32, (1, 7), 1, (0, 3), 1),   # ... with padding
+    (16, 39, 39, 16, 3, 2, 0, 1),   # ... with a stride
 ])
 def test_nchwc_kernel_scheduled_equals_topi(shape):
     """The blocked convolution, scheduled by its plan with a block of the host's vector width, equals TOPI's
@@ -130,6 +133,26 @@ def test_padding_of_a_parallel_convolution_runs_on_its_threads():
     if kernel_threads() > 1:
         assert any("T.parallel" in line for line in big), big
     assert not any("T.parallel" in line for line in small), small
+
+
+def test_ragged_width_is_computed_in_whole_tiles_and_cropped():
+    """A width without a divisor in the tile range is computed over the next width that has one: no register tile
+    of the reduction carries a bounds test; the write-back alone tests the columns."""
+    from tvm_interop.passes.kernels.nchwc import MAX_TILE, MIN_TILE, tileable_width
+
+    assert [tileable_width(w) for w in (7, 13, 14, 16, 17, 35, 71, 73, 147, 149)] == \
+        [7, 13, 14, 16, 18, 35, 72, 75, 147, 150]
+    for w in range(MAX_TILE + 1, 300):
+        full = tileable_width(w)
+        assert (full - w) / w <= 0.06 and any(full % t == 0 for t in range(MIN_TILE, MAX_TILE + 1)), w
+    data = te.placeholder((1, 5, 73, 73, 16), name="data")
+    weight = te.placeholder((12, 5, 3, 3, 16, 16), name="weight")
+    out = conv2d_nchwc(data, weight, (1, 1), (0, 0, 0, 0), (1, 1))
+    assert [int(v) for v in out.shape] == [1, 12, 71, 71, 16]
+    text = schedule_cpu(te.create_prim_func([data, weight, out]), HOST).script()
+    update = text.split('T.sblock("conv2d_NCHWc_update")')[1].split("T.sblock(")[0]
+    assert "T.where" not in update
+    assert "T.where" in text.split('T.sblock("conv2d_NCHWc_update")')[1]     # the write-back's
 
 
 def test_layout_choices_and_refusals():
@@ -199,7 +222,7 @@ def test_fuzz_models_blocked_equal_plain_tvm():
     assert blocked >= 2, (blocked, refused)   # 7 of the first 20 block a convolution (measured)
 
 
-@pytest.mark.parametrize("shape", [(3, 23, 23, 32, 3, 2, 0), (3, 20, 20, 16, 7, 2, 3)])
+@pytest.mark.parametrize("shape", [(3, 23, 23, 32, 3, 2, 0), (3, 20, 20, 16, 7, 2, 3), (3, 39, 39, 16, 3, 2, 0)])
 def test_stem_kernel_reads_nchw_writes_blocks(shape):
     """The stem's convolution (3 input channels: read as NCHW, written as NCHW[c]c), scheduled by the blocked
     plan, equals TOPI's NCHW convolution."""

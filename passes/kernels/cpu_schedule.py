@@ -826,10 +826,21 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     sch.reorder(*outer, *red_loops, co_i, ow_i, l_ci)
 
     work = _work(iv for _, iv in spatial + reduction)
-    write_back = sch.cache_write(red, 0, "local")
-    sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
-    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=True,
-                           beside_parallel=cfg.threads > 1 and work >= _MIN_PARALLEL_MACS)
+    beside_parallel = cfg.threads > 1 and work >= _MIN_PARALLEL_MACS
+    if _crops_its_reduction(sch, red, epilogue):
+        # computed over more columns than the output has (passes.kernels.nchwc.tileable_width): the reduction
+        # accumulates in a per-tile local buffer, and the epilogue, which crops, writes the tile's columns that
+        # exist (its bounds test sits in the write-back, not among the multiply-adds)
+        sch.set_scope(red, 0, "local")
+        write_back = epilogue
+        sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
+        _epilogue_and_prologue(sch, None, prologue, cfg, inline_into_write_back=False,
+                               beside_parallel=beside_parallel)
+    else:
+        write_back = sch.cache_write(red, 0, "local")
+        sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
+        _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=True,
+                               beside_parallel=beside_parallel)
     sch.unroll(co_i)
     sch.unroll(ow_i)
     sch.vectorize(l_ci)
@@ -841,6 +852,15 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     init_last = sch.get_loops(init)[-1]
     if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
         sch.vectorize(init_last)
+
+
+def _crops_its_reduction(sch: s_tir.Schedule, red, epilogue) -> bool:
+    """The epilogue writes fewer output columns (axis 3) than the reduction computes."""
+    if epilogue is None:
+        return False
+    computed = _int(_buf(sch.get(red).writes[0]).shape[3])
+    written = _int(_buf(sch.get(epilogue).writes[0]).shape[3])
+    return computed is not None and written is not None and written < computed
 
 
 def _plan_reduction_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
