@@ -114,13 +114,14 @@ def legalize_map() -> dict:
 def to_nchwc(mod: tvm.IRModule, block: int) -> tvm.IRModule:
     """``mod`` with its convolutions (channels divisible by ``block``) in ``NCHW[block]c`` (Relax, not legalized)."""
     desired = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
-    from .layout_rewrites import block_stems, pad_channels
+    from .layout_rewrites import block_stems, pad_channel_pairs, pad_channels
 
+    mod, pairs = pad_channel_pairs(mod, block)
     mod, padded = pad_channels(mod, block)
     out = relax.transform.ConvertLayout(desired)(mod)
     out, stems = block_stems(out, block)
-    log.info("layout: %d of %d convolutions in NCHW%dc (%d writing it from NCHW input, %d with padded outputs)",
-             *blocked_convs(out), block, stems, padded)
+    log.info("layout: %d of %d convolutions in NCHW%dc (%d writing it from NCHW input, %d with padded outputs, "
+             "%d pairs with padded channels between them)", *blocked_convs(out), block, stems, padded, pairs)
     return out
 
 

@@ -265,6 +265,39 @@ def test_classifier_with_unblockable_channels_is_padded():
     np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
 
 
+def test_channels_between_two_convolutions_are_padded_to_block_both():
+    """A 24-channel tensor between two convolutions (GoogLeNet's 5x5 reduce, 24 = 1.5 x 16): the first gets zero
+    filters, its bias and relu pad alike, the second zero weights on the extra inputs; both block, no slice, the
+    same numbers as plain TVM. A tensor with another consumer is left alone."""
+    from tvm_interop.passes.layout_rewrites import pad_channel_pairs
+
+    rng = np.random.default_rng(3)
+
+    def model(extra_use: bool):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 16, 10, 10), "float32"))
+        w = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype("float32"))  # noqa: E731
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                a = bb.emit(relax.op.nn.conv2d(x, w(24, 16, 1, 1)))
+                a = bb.emit(relax.op.nn.relu(relax.op.add(a, w(1, 24, 1, 1))))
+                b = bb.emit(relax.op.nn.conv2d(a, w(32, 24, 5, 5), padding=2))
+                out = bb.emit(relax.op.concat([b, a], axis=1) if extra_use else relax.op.nn.relu(b))
+                gv = bb.emit_output(out)
+            bb.emit_func_output(gv)
+        return bb.get()
+
+    mod = model(False)
+    padded_mod, pairs = pad_channel_pairs(mod, 16)
+    assert pairs == 1
+    assert blocked_convs(to_nchwc(mod, 16)) == (2, 2)
+    x = _input(mod)
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw16c")
+    assert cm.layout["blocked_convs"] == 2
+    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+    assert pad_channel_pairs(model(True), 16)[1] == 0
+
+
 def test_cli_schedule_searches_the_graph_of_the_build_it_is_for(tmp_path, capsys):
     """``tvm-interop schedule`` under a GPU cost (the default sim:h100) searches the NCHW graph a CUDA build
     prepares; under sim:cpu the blocked graph a CPU build prepares: each schedule validates against its build."""
