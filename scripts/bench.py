@@ -13,7 +13,8 @@ Configurations
   tvm                   plain ``tvm.compile`` (``tvm_interop.api.reference_build``: relax.get_pipeline("zero"),
                         TVM's default untuned CPU kernels), run by ``relax.VirtualMachine``
   interop:<scheduler>   ``tvm_interop.compile(mod, scheduler=..., cost=...)``, run with ``cm.run(x, numpy=False)``
-                        (CPU worker-thread executor, stage mode)
+                        (its default executor: the Relax VM for a sequential schedule, else CPU worker
+                        threads; stage mode)
   onnxruntime:seq       the model exported by ``tvm_interop.export.to_onnx``; ORT_SEQUENTIAL, intra-op threads =
                         --threads, inter-op 1
   onnxruntime:par       ORT_PARALLEL, inter-op threads = --threads, intra-op threads = 1 (inter-operator parallelism
@@ -428,8 +429,9 @@ def markdown(report: dict) -> str:
            f"Threads: ONNX Runtime sequential: intra-op {report['args']['threads']}, inter-op 1; parallel: inter-op "
            f"{report['args']['threads']}, intra-op 1; spinning {report['args']['spin']}. "
            f"PyTorch: torch.set_num_threads("
-           f"{report['args']['threads']}), OMP_WAIT_POLICY={m['env'].get('OMP_WAIT_POLICY')}. tvm-interop: CPU "
-           "worker-thread executor, workers = the schedule's max concurrency (<= usable cores). Plain TVM: TVM's "
+           f"{report['args']['threads']}), OMP_WAIT_POLICY={m['env'].get('OMP_WAIT_POLICY')}. tvm-interop: its "
+           "default executor (a schedule without concurrent groups on the Relax VM, others on the CPU worker-thread "
+           "executor, workers = the schedule's max concurrency <= usable cores). Plain TVM: TVM's "
            "default untuned CPU kernels (naive loop nests), relax.VirtualMachine. tvm-interop's kernels come "
            "from its own default CPU schedule (passes/kernels/cpu_schedule.py), so \"vs plain TVM\" mixes kernel "
            "quality and scheduling; \"vs our sequential\" isolates the inter-operator schedule.", ""]

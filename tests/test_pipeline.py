@@ -168,3 +168,23 @@ def test_zero_size_tensor_is_refused():
         bb.emit_func_output(y)
     with pytest.raises(UnsupportedModelError, match="size 0"):
         tvm_interop.compile(bb.get())
+
+
+def test_cpu_default_executor_is_the_vm_for_a_program_without_concurrency(compiled, branchy_input,
+                                                                          branchy_reference, tmp_path):
+    """Without an explicit executor, a CPU model whose plan never runs two groups at once runs on the Relax VM (no
+    per-kernel dispatch from Python); a concurrent one on worker threads; a loaded .so decides the same way."""
+    seq, greedy = compiled[("sequential", "stage")], compiled[("greedy", "stage")]
+    assert seq.plan.max_concurrency() == 1 and greedy.plan.max_concurrency() > 1
+    assert seq.runner.executor == "vm" and greedy.runner.executor == "threads"
+    np.testing.assert_allclose(seq.run(branchy_input), branchy_reference, **TOL)
+    path = str(tmp_path / "seq.so")
+    seq.export(path)
+    m = load(path)
+    assert m.executor == "vm"
+    np.testing.assert_allclose(m.run(branchy_input), branchy_reference, **TOL)
+    m.close()
+    forced = load(path, executor="threads")
+    assert forced.executor == "threads"
+    np.testing.assert_allclose(forced.run(branchy_input), branchy_reference, **TOL)
+    forced.close()

@@ -154,7 +154,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     schedule carries its substitutions and rewrites the model the same way, each one proved again).
     ``cost``: cost model spec for the scheduler (``"sim:cpu"``, ``"sim:h100"``, ...); default: a simulated
     preset for the target when available.
-    ``executor``: ``threads`` (CPU worker threads, CPU default) or ``vm`` (Relax VM with streams).
+    ``executor``: ``threads`` (CPU worker threads) or ``vm`` (Relax VM with streams); by default ``vm`` on a GPU
+    and on a CPU for a schedule without concurrent groups, else ``threads``.
     ``max_memory_ratio``: bound on activation memory vs the sequential program (default 1.5x; None = no bound);
     a schedule over it is tightened (fewer groups per stage) and the outcome is in ``.memory``.
     ``allow_device_mismatch``: apply a schedule file tuned for another kind of device anyway.
