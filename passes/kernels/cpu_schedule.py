@@ -782,7 +782,9 @@ def _nchwc_tile(co_ext: int, ow_ext: int, acc_regs: int) -> tuple[int, int]:
 
     Each reduction step loads ``co_t`` weight vectors and broadcasts ``ow_t`` inputs for ``co_t * ow_t`` FMAs;
     the score is the tile's size (FMA units busy, operands reused) discounted by the columns a ragged width
-    tile computes for nothing (a predicate on an unrolled loop: cheap) and preferring exact tiles.
+    tile computes for nothing and preferring exact tiles (an overhanging tile predicates its multiply-adds, which
+    LLVM compiles unevenly; convolutions are therefore computed over a width with a divisor in the tile range,
+    ``passes.kernels.nchwc.tileable_width``, wherever that costs no extra copy).
 
     The size term saturates at :data:`_BUSY_ACCUMULATORS`: with 8 (two FMA ports x 4 cycles of latency, in
     theory enough) a 4x3 tile (12 accumulators, 4 weight vectors per step) beat 2x7 / 2x9 on loads per FMA, and
