@@ -188,3 +188,23 @@ def test_cpu_default_executor_is_the_vm_for_a_program_without_concurrency(compil
     assert forced.executor == "threads"
     np.testing.assert_allclose(forced.run(branchy_input), branchy_reference, **TOL)
     forced.close()
+
+
+def test_the_guard_times_each_plan_on_the_executor_it_ships_with(compiled, monkeypatch):
+    """runtime.plan_timer (the never-slower guard's clock): a plan without concurrent groups runs on the Relax
+    VM, as it ships; a concurrent plan on worker threads."""
+    from tvm_interop.runtime import plan_timer, thread_executor
+
+    built = []
+
+    class Recording(thread_executor.ThreadExecutor):
+        def __init__(self, plan, *a, **k):
+            built.append(plan)
+            super().__init__(plan, *a, **k)
+
+    monkeypatch.setattr(thread_executor, "ThreadExecutor", Recording)
+    seq, greedy = compiled[("sequential", "stage")], compiled[("greedy", "stage")]
+    times = plan_timer.time_plans({"scheduled": (greedy.runner.library, greedy.plan),
+                                   "sequential": (greedy.runner.library, seq.plan)}, repeat=3, warmup=1)
+    assert [len(t) for t in times.values()] == [3, 3] and all(x > 0 for t in times.values() for x in t)
+    assert built == [greedy.plan]
