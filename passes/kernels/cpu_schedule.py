@@ -1074,8 +1074,8 @@ def schedule_cpu(
 # Scheduling is deterministic in (function, configuration, plan), and the same PrimFuncs come back again and again:
 # AutoGraph prepares every candidate of a model (a substitution changes a few operators, the other ~100 functions
 # are the ones the last candidate had), the guard and the candidate programs rebuild the model, and a session
-# compiles one model for several schedulers. Remembering the result saves ~1.3 s per NASNet-A-large (small)
-# preparation. Keys hold the structural hash; the stored function is compared structurally, so a hash collision
+# compiles one model for several schedulers. Remembering the result took a repeated NASNet-A-large (small config)
+# preparation from 1.70 to 1.18 s. Keys hold the structural hash; the stored function is compared structurally, so a hash collision
 # cannot hand back another function's schedule.
 _SCHEDULED: "collections.OrderedDict[tuple, list[tuple[tirx.PrimFunc, tirx.PrimFunc]]]" = collections.OrderedDict()
 _SCHEDULED_MAX = 4096
