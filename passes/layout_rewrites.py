@@ -4,7 +4,8 @@
 of convolution that matter fail that test, and both are rewritten here (``passes.layout.to_nchwc`` runs them):
 
 * :func:`pad_channels` (before ``ConvertLayout``): output channels that do not fill whole blocks (SqueezeNet's
-  1000 classes = 62.5 x 16) get zero filters up to the block, and a slice after their epilogue and pooling;
+  1000 classes = 62.5 x 16, RandWire's 39 or 78) get zero filters up to the block, and a slice after their
+  epilogue and pooling;
   :func:`pad_channel_pairs` pads the channels between two convolutions (GoogLeNet's 24) without a slice;
 * :func:`block_stems` (after it): a convolution whose *input* cannot block (the stem: 3 channels) reads NCHW and
   writes ``NCHW[b]c`` itself, with its epilogue and pooling blocked, instead of NCHW plus a layout transform.
@@ -21,6 +22,7 @@ from tvm import relax
 _CHAIN_OPS = ("relax.add", "relax.nn.relu", "relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 _PAD_CHAIN_OPS = _CHAIN_OPS + ("relax.nn.adaptive_avg_pool2d",)
 _MAX_CHANNEL_PADDING = 1.125   # pad a convolution's outputs to a whole block only where it costs <= 12.5 % more
+_MAX_SPATIAL_CHANNEL_PADDING = 1.75   # ... a spatial (k x k > 1) convolution's: unpadded it runs 3-27x slower
 _MAX_PAIR_PADDING = 1.5        # ... between two convolutions (no slice, no transform: worth more padding)
 
 
@@ -145,10 +147,30 @@ def _plain_conv(call: relax.Call) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- padding
+def _max_channel_padding(in_channels: int, window: int, block: int) -> float:
+    """How much more work padding a convolution's outputs to whole blocks may cost (0: never pad it).
+
+    What the unpadded convolution would run as decides. A spatial one (``window`` = kh x kw > 1) stays NCHW with
+    a ragged channel count, and NCHW's schedules then vectorise badly (measured alone, 2-core AVX-512, padded
+    and sliced vs as is): 20 -> 39 channels, stride 2, 56 px: 1807 -> 67 us (no vector axis at all: scalar);
+    3 -> 20 stem, stride 2: 121 -> 57 us at 1.6x the work; 64 -> 39 and 20 -> 39 at 28 px, stride 1: 667 ->
+    158 and 221 -> 66 us (vectorised over the width). So those pad up to :data:`_MAX_SPATIAL_CHANNEL_PADDING`,
+    whether or not their input blocks. A 1x1 convolution in NCHW is a matrix product that vectorises well
+    (64 -> 100 at 14 px: 11 us, 18 padded; 512 -> 1000 at 13 px: 732, 852 padded), so it pads only to block
+    (its input must block too) and only by :data:`_MAX_CHANNEL_PADDING`: SqueezeNet's classifier, 764 -> 649
+    us in the model, where the blocked layout also spares the layout transforms around it.
+    """
+    if window > 1:
+        return _MAX_SPATIAL_CHANNEL_PADDING
+    return 0.0 if in_channels % block else _MAX_CHANNEL_PADDING
+
+
 def pad_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]:
     """Output channels padded with zero filters to a whole number of blocks: ``conv(O) -> [bias add, relu,
     pooling]`` becomes ``conv(O') -> [same, padded] -> strided_slice(:O)``, the slice after the chain, where the
-    tensor is smallest (``O'`` = O rounded up to the block, at most 12.5 % more).
+    tensor is smallest (``O'`` = O rounded up to the block; how much more work that may cost:
+    :func:`_max_channel_padding`). A convolution whose input blocks then blocks too; one whose input does not
+    stays NCHW, where whole vectors of output channels still make it vectorise.
 
     Why: SqueezeNet's 1000-class 1x1 convolution stays NCHW otherwise, vectorised along its 13-wide rows, a
     quarter of its model's time (764 -> 649 us padded, on 2 cores). The padded channels compute relu(0 + 0) = 0
@@ -166,9 +188,9 @@ def pad_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, int]:
     for b in bindings:
         if _op_name(b) != "relax.nn.conv2d" or not _plain_conv(b.value):
             continue
-        o, i = (int(d) for d in b.value.args[1].ty.shape.values[:2])
+        o, i, kh, kw = (int(d) for d in b.value.args[1].ty.shape.values)
         padded = -(-o // block) * block
-        if o % block == 0 or o <= block or i % block or padded / o > _MAX_CHANNEL_PADDING:
+        if o % block == 0 or o <= block or padded / o > _max_channel_padding(i, kh * kw, block):
             continue
         chain, v = [], b.var
         while (nxt := next_in_chain(v)) is not None:

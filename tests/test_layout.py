@@ -258,10 +258,44 @@ def test_classifier_with_unblockable_channels_is_padded():
 
     mod = get_model("squeezenet", **small_config("squeezenet"))
     _, padded = pad_channels(mod, 16)
-    assert padded == 1
+    assert padded == 3   # the classifier, and the narrow config's two 3x3 expand convolutions of 24 channels
     x = _input(mod)
     cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw16c")
     assert cm.layout["blocked_convs"] >= 1   # the classifier (the narrow config's others have 8-channel widths)
+    np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+
+
+def test_spatial_convolution_with_ragged_channels_is_padded_even_unblocked():
+    """RandWire's second stem convolution (20 -> 39 channels, 3x3, stride 2 at width 0.5) blocks neither its input
+    nor its output, and as it was no schedule vectorised it (the plain ``simple`` plan: 1.8 ms of a 3.9 ms model).
+    Padded to 48 zero filters and sliced, the kernel the build compiles vectorises over output channels, and the
+    model computes what plain TVM computes. A 1x1 convolution with an unblockable input is left alone (NCHW
+    vectorises it well)."""
+    from tvm_interop.passes.layout_rewrites import pad_channels
+
+    rng = np.random.default_rng(5)
+
+    def model(k: int):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 20, 24, 24), "float32"))
+        w = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype("float32"))  # noqa: E731
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                a = bb.emit(relax.op.nn.conv2d(x, w(39, 20, k, k), strides=2, padding=k // 2))
+                a = bb.emit(relax.op.nn.relu(relax.op.add(a, w(1, 39, 1, 1))))
+                gv = bb.emit_output(a)
+            bb.emit_func_output(gv)
+        return bb.get()
+
+    mod = model(3)
+    assert pad_channels(mod, 16)[1] == 1
+    assert pad_channels(model(1), 16)[1] == 0
+    cm = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw16c")
+    convs = [f for gv, f in cm.program.mod.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint]
+    assert convs and all(str(f.attrs["tvm_interop.cpu_plan"]) == "spatial_vector" for f in convs), \
+        [(f.attrs or {}).get("tvm_interop.cpu_plan") for f in convs]
+    x = _input(mod)
     np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
 
 
