@@ -96,6 +96,7 @@ CASES = {
     "conv_1x7": lambda: _conv((1, 16, 17, 17), 24, (1, 7), pad=(0, 3)),
     "conv_depthwise": lambda: _conv((1, 24, 15, 15), 24, 3, pad=1, groups=24),
     "conv_grouped": lambda: _conv((1, 16, 12, 12), 32, 3, pad=1, groups=4),
+    "conv_depthwise_7x7_s2_threads": lambda: _conv((1, 16, 61, 61), 16, 7, stride=2, pad=3, groups=16),
     "conv_depthwise_prime_width": lambda: _conv((1, 16, 37, 37), 16, 3, pad=1, groups=16, bias=True),
     "conv_1x1_on_1x1": lambda: _conv((1, 64, 1, 1), 32, 1, bias=True, relu=True),
     "conv_channels_not_multiple_of_8": lambda: _conv((1, 6, 11, 11), 10, 3, pad=1, bias=True),
@@ -378,6 +379,23 @@ def test_scheduled_conv_is_much_faster():
         return best
 
     assert best_time(mod) > 3 * best_time(apply_cpu_schedules(mod, TARGET))
+
+
+def test_depthwise_convolution_gets_threads_by_window_reads():
+    """A depthwise convolution (NCHW, strided: no lane-contiguous plan) is parallel once its window reads (output
+    elements x window) pay for threads, not only past a million output elements: NASNet-A-mobile's 7x7 stride-2
+    ones (32 x 56 x 56 outputs, 4.9 M reads) ran on one core. A small one stays single-threaded."""
+    from tvm_interop.passes.kernels.cpu_schedule import _MIN_PARALLEL_LIGHT_READS
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    plans = {}
+    for case, shape, k in (("nasnet_7x7", (1, 32, 111, 111), 7), ("small_3x3", (1, 16, 14, 14), 3)):
+        (name, func), = [(n, f) for n, f in _prim_funcs(_conv(shape, shape[1], k, stride=2, pad=k // 2,
+                                                                 groups=shape[1])).items() if "conv2d" in n]
+        sched = schedule_cpu(func, target)
+        plans[case] = (_plan_of(sched), "T.parallel" in sched.script())
+    assert 32 * 56 * 56 * 49 >= _MIN_PARALLEL_LIGHT_READS > 16 * 7 * 7 * 9
+    assert plans == {"nasnet_7x7": ("light_reduction", True), "small_3x3": ("light_reduction", False)}, plans
 
 
 def test_parallel_false_gives_single_threaded_kernels():

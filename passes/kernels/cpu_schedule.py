@@ -16,8 +16,8 @@ Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``)
     depthwise conv. Memory bound. Where every read is contiguous along the output's innermost axis and it holds
     whole vectors (the channel lanes of ``NCHW[c]c``, the width of a stride-1 pooling): one vector tile
     accumulated in registers under the unrolled window, padding inlined, threads by elements read. Otherwise
-    (strided NCHW pooling, depthwise conv): unroll the window, keep LLVM's vectoriser in charge, threads only
-    for big outputs (measured: explicit vectorisation with gathers and threads on small outputs are slower).
+    (strided NCHW pooling, depthwise conv): unroll the window, keep LLVM's vectoriser in charge, threads from
+    :data:`_MIN_PARALLEL_LIGHT_READS` window reads (measured: explicit vectorisation with gathers is slower).
 ``spatial_vector``
     one reduction block with a compute-bound reuse pattern (conv2d NCHW incl. grouped/strided/1xk, matmul,
     dense with a batch), with its injective prologue (padding) and epilogue (bias, batch-norm scale/shift,
@@ -76,6 +76,11 @@ __all__ = ["schedule_cpu", "apply_cpu_schedules", "vector_lanes"]
 
 _MIN_PARALLEL_MACS = 1 << 20  # compute-bound kernels: multiply-adds below which threads cost more than they give
 _MIN_PARALLEL_ELEMS = 1 << 20  # memory-bound kernels: output elements below which threads do not pay
+# a light reduction read by strided or NCHW windows (depthwise convolution, NCHW pooling): window reads (output
+# elements x window) from which threads pay. Counted by elements alone (1 << 20), every depthwise convolution of
+# RandWire and NASNet ran on one core, a 7x7 one in 0.8 ms; end to end (2 cores, interleaved A/B) 1 << 18 reads:
+# RandWire 0.90x, NASNet-A-mobile 0.87x of the time, RandWire at width 0.5 unchanged; 1 << 16: 1.05x there
+_MIN_PARALLEL_LIGHT_READS = 1 << 18
 _MIN_PARALLEL_BESIDE = 1 << 15  # ... for a stage beside a parallel nest of the same kernel (threads already awake)
 _MAX_VEC_REGS = 4  # at most this many vector registers per accumulator row
 _MIN_REPACK_REUSE = 16  # repack a weight only if each element is then used this many times (conv: OH*OW)
@@ -579,8 +584,10 @@ def _plan_light_reduction(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     sch.reorder(*sp_loops, *[lp for lp, _ in reduction])
     for lp, _ in reduction:
         sch.unroll(lp)
-    _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial), cfg, _MIN_PARALLEL_ELEMS)
-    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
+    reads = _work(iv for _, iv in spatial) * red_ext
+    _parallel_outer(sch, sp_loops, reads, cfg, _MIN_PARALLEL_LIGHT_READS)
+    _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False,
+                           beside_parallel=cfg.threads > 1 and reads >= _MIN_PARALLEL_LIGHT_READS)
 
 
 def _lane_contiguous_tile(stmt, spatial, cfg: _Cfg) -> int | None:
