@@ -245,6 +245,36 @@ def test_every_zoo_model_fused_equals_plain_tvm(name, scheduler):
     np.testing.assert_allclose(_run(fused_prog, fused_sched, x), ref, **TOL, err_msg=f"{name}: fused vs plain TVM")
 
 
+def test_balanced_chains_run_whole_on_one_thread_each_and_unbalanced_ones_in_waves(monkeypatch):
+    """A stage whose member chains balance over the threads is one region of whole chains (each member's kernels
+    single-threaded, one after another, no barrier); with the slack at -1 every stage is waves again. Both
+    programs equal plain TVM. Checked on the fused kernel the build compiles: one parallel loop in chain mode."""
+    from tvm_interop.passes.wave import cpu as wave_cpu
+    from tvm_interop.passes.wave.kernel import build_wave_kernel
+
+    program, x, ref = _zoo("inception_v3")
+    sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
+    stage = max(fusable_stages(sched), key=lambda i: len(sched.stages[i].groups))
+    groups = [list(g) for g in sched.stages[stage].groups]
+    monkeypatch.setattr(wave_cpu, "CHAIN_SLACK", 100.0)
+    chains = build_wave_kernel(program, groups, HOST, veus=2)
+    assert chains.mode == "chains" and chains.num_waves == 1
+    assert chains.func.script().count("T.parallel") == 1
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST)
+    modes = {r.mode for r in records if r.fused}
+    np.testing.assert_allclose(_run(fused_prog, fused_sched, x), ref, **TOL, err_msg="chains vs plain TVM")
+    monkeypatch.setattr(wave_cpu, "CHAIN_SLACK", -1.0)
+    waves = build_wave_kernel(program, groups, HOST, veus=2)
+    assert waves.mode == "waves" and waves.num_waves >= max(len(g) for g in groups)   # a kernel: >= 1 nest
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST)
+    assert {r.mode for r in records if r.fused} == {"waves"}
+    np.testing.assert_allclose(_run(fused_prog, fused_sched, x), ref, **TOL, err_msg="waves vs plain TVM")
+    from tvm_interop.runtime.cpu_threads import kernel_threads
+
+    if kernel_threads() > 1:
+        assert "chains" in modes
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_models_with_wave_fusion_equal_plain_tvm(seed):
     mod, desc = random_model(seed)

@@ -225,14 +225,14 @@ class MeasuredCostModel(CostModel):
     def _wave_latency(self, groups: Sequence[Sequence[Unit]]) -> float:
         """Time a stage as ``passes.wave`` fuses it: its groups built into one kernel (cached by the members'
         signatures, like every stage), one call."""
-        from ..wave.kernel import build_wave_kernel
+        from ..wave.kernel import WAVE_CODEGEN, build_wave_kernel
 
         groups = [list(g) for g in groups if len(g)]
         sig_groups = tuple(tuple(self._signature(u) for u in g) for g in groups)
         key = ("wave", sig_groups)
         if key in self._memo:
             return self._memo[key]
-        cache_key = "wave|" + "|".join(",".join(g) for g in sig_groups) + f"|b{self.batch}"
+        cache_key = (f"wave{WAVE_CODEGEN}|" + "|".join(",".join(g) for g in sig_groups) + f"|b{self.batch}")
         value = self.cache.get(cache_key) if self.cache is not None else None
         if value is not None:
             self.cache_hits += 1

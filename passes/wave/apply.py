@@ -39,10 +39,11 @@ class WaveRecord:
     reasons: list[str] = field(default_factory=list)
     unit: str = ""                                         # the fused unit's name in the new program
     num_waves: int = 0
+    mode: str = ""                                         # CPU: "chains" or "waves" (passes.wave.cpu)
 
     def to_json(self) -> dict:
         return {"stage": self.stage, "fused": self.fused, "left": self.left, "reasons": self.reasons,
-                "unit": self.unit, "waves": self.num_waves}
+                "unit": self.unit, "waves": self.num_waves, "mode": self.mode}
 
 
 def fusable_stages(schedule: Schedule) -> list[int]:
@@ -91,6 +92,7 @@ def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None =
     rec.left = [list(g) for g in groups if g not in ok]
     rec.fused = [list(g) for g in ok]
     rec.num_waves = kernel.num_waves
+    rec.mode = kernel.mode
     return kernel, rec
 
 

@@ -50,6 +50,11 @@ def wave_signature(program, groups: list[list[str]]) -> WaveSignature:
     return sig
 
 
+# the fused kernel's code generation, part of every cache key of a timed wave stage (``passes.cost.measured``):
+# bump it when the same members come to be fused into different code, so no timing of the old code is reused
+WAVE_CODEGEN = 2   # 2: CPU stages of balanced chains run one whole chain per thread (passes.wave.cpu)
+
+
 @dataclass
 class WaveKernel:
     """A built wave: the PrimFunc, its signature, and how many waves (barriers) it has."""
@@ -57,6 +62,7 @@ class WaveKernel:
     func: tirx.PrimFunc
     signature: WaveSignature
     num_waves: int
+    mode: str = "waves"   # CPU: "chains" (each member's chain on one thread, no barrier) or "waves"
 
 
 def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
@@ -126,10 +132,11 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
         from .cuda import fuse_cuda
 
         func, waves = fuse_cuda(chains, prologue, params, attrs)
+        mode = "waves"
     else:
         from tvm_interop.runtime.cpu_threads import kernel_threads
 
         from .cpu import fuse_cpu
 
-        func, waves = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
-    return WaveKernel(func, sig, waves)
+        func, waves, mode = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
+    return WaveKernel(func, sig, waves, mode)
