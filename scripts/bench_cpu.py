@@ -95,7 +95,8 @@ def sim_vs_measured(cm) -> dict | None:
 TUNED = " +tuned"  # row-name suffix of the schedules built with tuned kernels
 
 
-def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tuning_db: str | None = None) -> dict:
+def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tuning_db: str | None = None,
+                settle: int = 1) -> dict:
     """Compile ``name`` with every scheduler (and, with ``tuning_db``, again with the tuned kernels), then time all
     programs in one interleaved loop so default and tuned kernels see the same machine."""
     cfg = {k: v for k, v in CONFIGS.get(name, dict(width=0.5, image_size=None)).items()}
@@ -142,6 +143,8 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
         cm.run(*x, numpy=False)
     for _ in range(repeat):
         for s, cm in models.items():
+            for _ in range(settle):
+                cm.run(*x, numpy=False)
             t0 = time.perf_counter()
             cm.run(*x, numpy=False)
             times[s].append(time.perf_counter() - t0)
@@ -159,7 +162,8 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
     out = ["# CPU benchmark: inter-operator schedules with the same kernels", "",
            f"Machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB; TVM {info['tvm']}, Python "
            f"{info['python']}.", "", f"Command: `{cmd}`", "",
-           "Medians of interleaved repeats (all rows of a model, tuned ones included, in one loop); speedup = "
+           "Medians of interleaved repeats (all rows of a model, tuned ones included, in one loop; before each timed "
+           "call, `--settle` untimed calls of the same program); speedup = "
            "sequential median / schedule median with the same kernels; vs default sequential = the default-kernel "
            "sequential median / this row's median. `ios` and `lios` use the "
            "measured cost model (stages timed on this CPU), `ios:learned` the learned one (XGBoost on measured "
@@ -210,6 +214,11 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=list(CONFIGS))
     ap.add_argument("--schedulers", default="sequential,greedy,lios,ios,ios:learned")
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed calls of the same schedule before each timed one (default 1): each timing is that "
+                         "schedule's steady state, not what the previous row left (worker-thread rows leave TVM "
+                         "thread pools spinning: measured, a wave-fused row timed right after the greedy row on "
+                         "threads ran 1.05x of sequential, 1.13-1.17x without that row)")
     ap.add_argument("--cache", default="out/bench-cost-cache.json",
                     help="cost cache path stem: one file per timed cost kind (.measured.json, .learned.json); delete "
                          "them for first-run optimisation times")
@@ -230,7 +239,7 @@ def main() -> int:
     results = []
     for name in args.models:
         print(f"[bench_cpu] {name}", flush=True)
-        results.append(bench_model(name, schedulers, args.repeat, args.cache, tuned.get(name)))
+        results.append(bench_model(name, schedulers, args.repeat, args.cache, tuned.get(name), settle=args.settle))
     cmd = "python scripts/bench_cpu.py " + " ".join(sys.argv[1:])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
