@@ -171,7 +171,8 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
            "measurements; measurements = stages timed in this run (cache hits not counted). predicted ms = the "
            "cost model's total for the schedule (for measured/learned: the sum of measured stage latencies). "
            "`+wave` rows: the same scheduler with wave fusion (Rammer; `passes.wave`): every concurrent stage that the "
-           "row's cost model prices faster fused runs as one kernel, one parallel region per wave (stages column: "
+           "row's cost model prices faster fused runs as one kernel: one region where each thread runs whole chains when "
+           "they balance, else one parallel region per wave (stages column: "
            "stages of the schedule; fused in brackets).", ""]
     for r in results:
         tag = f" (`{TUNED.strip()}` rows: kernels from the tuning database {r['tuning_db']})" if r["tuning_db"] else ""
