@@ -58,8 +58,10 @@ def dry_build(tmp_path_factory) -> str:
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
             "--dir", d, "--no-kit", "--schedulers", "sequential,greedy,greedy+wave,ios", "--unit-costs", "squeezenet")
     assert r.returncode == 0, r.stderr[-3000:]
-    # ios merges SqueezeNet's expand convolutions: built merged, as tvm_interop.compile ships them
-    assert "squeezenet: ios: 8 merge stage(s) applied" in r.stderr
+    # ios merges SqueezeNet's expand convolutions: built merged, as tvm_interop.compile ships them (this CPU dry
+    # run pads the narrow config's two 24-channel 3x3 expand convolutions to 32 and slices them, which leaves 6
+    # of the 8 pairs it merged before that padding)
+    assert "squeezenet: ios: 6 merge stage(s) applied" in r.stderr
     return d
 
 
