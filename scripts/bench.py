@@ -12,7 +12,8 @@ vs plain TVM and vs our sequential schedule (> 1 = faster).
 Configurations
   tvm                   plain ``tvm.compile`` (``tvm_interop.api.reference_build``: relax.get_pipeline("zero"),
                         TVM's default untuned CPU kernels), run by ``relax.VirtualMachine``
-  interop:<scheduler>   ``tvm_interop.compile(mod, scheduler=..., cost=...)``, run with ``cm.run(x, numpy=False)``
+  interop:<scheduler>   ``tvm_interop.compile(mod, scheduler=..., cost=...)`` (``<scheduler>+wave``: with
+                        ``fusion="wave"``), run with ``cm.run(x, numpy=False)``
                         (its default executor: the Relax VM for a sequential schedule, else CPU worker
                         threads; stage mode)
   onnxruntime:seq       the model exported by ``tvm_interop.export.to_onnx``; ORT_SEQUENTIAL, intra-op threads =
@@ -166,11 +167,15 @@ def make_plain_tvm(mod, x, target):
                    "executor": "relax.VirtualMachine"})
 
 
-def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None, layout="auto"):
+WAVE = "+wave"   # scheduler suffix: the same scheduler with wave fusion (passes.wave)
+
+
+def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None, layout="auto", max_memory_ratio=1.5):
     import tvm
 
-    cm = tvm_interop.compile(mod, target=target, scheduler=scheduler, cost=cost, name=name, tuning_db=tuning_db,
-                             layout=layout)
+    base, wave = scheduler.removesuffix(WAVE), scheduler.endswith(WAVE)
+    cm = tvm_interop.compile(mod, target=target, scheduler=base, cost=cost, name=name, tuning_db=tuning_db,
+                             layout=layout, fusion="wave" if wave else None, max_memory_ratio=max_memory_ratio)
     xt = tvm.runtime.tensor(x, tvm.cpu())
     s = cm.schedule
     search = {k: v for k, v in (s.search or {}).items() if isinstance(v, (int, float, str, bool))}
@@ -183,6 +188,8 @@ def make_interop(mod, x, name, scheduler, cost, target, tuning_db=None, layout="
     if tuning_db:
         details["tuning_db"] = tuning_db
     details["layout"] = cm.layout
+    if cm.memory is not None:
+        details["memory"] = cm.memory.to_json()
     label = f"interop:{scheduler}" + ("+tuned" if tuning_db else "") + ("" if layout == "auto" else f"[{layout}]")
     return Config(label, "tvm-interop", lambda: cm.run(xt, numpy=False), lambda: cm.run(x),
                   cm.timings.get("total", 0.0), details, close=cm.close)
@@ -298,7 +305,7 @@ def bench_model(name: str, args, schedulers: list[str], log) -> dict:
     for s in schedulers:
         for lay in args.layouts:
             tag = f"interop:{s}" + ("" if lay == "auto" else f"[{lay}]")
-            add(tag, make_interop, mod, x, name, s, args.cost, args.target, None, lay)
+            add(tag, make_interop, mod, x, name, s, args.cost, args.target, None, lay, args.max_memory_ratio)
     if name in args.tuned:  # the same program with MetaSchedule-tuned kernels (tvm-interop tune ... --db DIR)
         add("interop:sequential+tuned", make_interop, mod, x, name, "sequential", args.cost, args.target,
             args.tuned[name])
@@ -488,7 +495,11 @@ def main(argv=None) -> int:
                          "after the neighbour is timed")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     ap.add_argument("--schedulers", default="sequential,greedy,lios,ios",
-                    help="tvm-interop schedulers, comma-separated (default sequential,greedy,lios,ios)")
+                    help="tvm-interop schedulers, comma-separated (default sequential,greedy,lios,ios); a "
+                         "'+wave' suffix (lios+wave) adds wave fusion (fusion='wave')")
+    ap.add_argument("--max-memory-ratio", type=lambda v: None if v == "none" else float(v), default=1.5,
+                    help="tvm_interop.compile's bound on activation memory vs sequential (default 1.5; 'none': no "
+                         "bound, the schedule as found)")
     ap.add_argument("--cost", default="sim:cpu", help="cost model for the schedulers: sim:cpu (default) or measured")
     ap.add_argument("--target", default="llvm",
                     help="TVM target for plain TVM and tvm-interop (default llvm = generic x86-64; 'native' = llvm "
@@ -516,7 +527,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {', '.join(sorted(MODELS))}")
     schedulers = [s.strip() for s in args.schedulers.split(",") if s.strip()]
-    bad = [s for s in schedulers if s not in available_schedulers()]
+    bad = [s for s in schedulers if s.removesuffix(WAVE) not in available_schedulers()]
     if bad:
         ap.error(f"unknown scheduler(s) {bad}; available: {', '.join(available_schedulers())}")
     if args.repeat < 1:
