@@ -34,7 +34,7 @@ class MemoryReport:
     max_groups: int          # groups per stage after tightening
     mode: str                # synchronisation mode after the check
     tightened: bool
-    sequential_fallback: bool = False   # one group per stage still exceeded the bound: the sequential schedule
+    sequential_fallback: bool = False   # one group per stage still exceeded the bound: the sequential order
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -81,7 +81,7 @@ def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ra
 
     cur, cur_mode = schedule, mode
     used = nbytes(cur, cur_mode)
-    tightened = False
+    tightened = fallback = False
     if max_memory_ratio is not None and used > max_memory_ratio * seq_bytes:
         if cur_mode == "dependency":
             log.warning("dependency mode needs %.2fx the sequential activation memory (limit %.2fx); using stage mode",
@@ -107,11 +107,8 @@ def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ra
         elif tightened:
             log.warning("memory bound %.2fx: schedule tightened to at most %d groups per stage (%.2fx sequential)",
                         max_memory_ratio, cur.max_concurrency(), used / seq_bytes)
-        report = MemoryReport(int(used), int(seq_bytes), used / seq_bytes, max_memory_ratio, cur.max_concurrency(),
-                              cur_mode, tightened, fallback)
-        return cur, cur_mode, report
     report = MemoryReport(int(used), int(seq_bytes), used / seq_bytes, max_memory_ratio, cur.max_concurrency(),
-                          cur_mode, tightened)
+                          cur_mode, tightened, fallback)
     return cur, cur_mode, report
 
 

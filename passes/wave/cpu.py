@@ -22,7 +22,7 @@ from tvm import tirx
 from tvm.tirx import stmt as S
 
 from .lowered import LoweredKernel, Nest
-from .partition import plan_wave, share_range
+from .partition import plan_wave, share_range, unit_loads
 
 
 def _i64(x: int):
@@ -86,10 +86,7 @@ def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float):
     Inception-v3 0.96x -> 1.02-1.05x; greedy schedules (chains of one kernel) within noise."""
     works = [sum(n.work for n in c) for c in chains]
     plan = plan_wave([], works, veus)
-    loads = [0] * veus
-    for m, u in enumerate(plan.owners):
-        loads[u] += works[m]
-    if max(loads) > (1.0 + slack) * sum(works) / veus:
+    if max(unit_loads(plan, works)) > (1.0 + slack) * sum(works) / veus:
         return None
     t = tirx.Var(f"{name}_veu", "int64")
     body = [S.IfThenElse(tirx.EQ(t, _i64(plan.owners[m])), S.SeqStmt([_serial(n) for n in c]) if len(c) > 1
