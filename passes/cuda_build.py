@@ -10,7 +10,11 @@
   (for a build on a GPU machine, where TVM compiles too). No GPU or driver is needed.
 * **Pipeline.** TVM's default CUDA pipeline (``relax.backend.cuda``): legalization, DLight's default GPU
   schedules (``Matmul, GEMV, Reduction, GeneralReduction, Fallback``: every kernel gets thread bindings), memory
-  planning, and the VM lowering passes — with two changes:
+  planning, and the VM lowering passes — with three changes:
+
+  - our ``WindowReduction`` rule goes before DLight's reduction rules (``passes.kernels.gpu_window``: pooling
+    and depthwise windows get a thread per output; DLight gave Inception-v3's average pools a block per output,
+    21 % of its H100 time);
 
   - DLight runs rule by rule per kernel and a rule that *crashes* on a kernel is skipped for it
     (:func:`robust_default_schedule`; TVM 0.27's GEMV rule asserts on some NASNet kernels, which fails plain
@@ -198,13 +202,21 @@ def graph_feasibility(mod: tvm.IRModule, target=None, func: str = MAIN_GRAPH_FUN
     return report.cuda_graph, report.reason
 
 
-def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport | None" = None):
-    """DLight's default GPU schedules (the rules of TVM's CUDA pipeline, in its order), but a rule that raises on
-    a kernel is skipped for that kernel (logged) and the next rule tried: TVM 0.27's GEMV rule asserts on some
-    fused kernels (e.g. in NASNet), which would otherwise fail the whole build."""
+def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport | None" = None,
+                            window_rule: bool = True):
+    """DLight's default GPU schedules (the rules of TVM's CUDA pipeline, in its order) plus our
+    ``WindowReduction``, and a rule that raises on a kernel is skipped for that kernel (logged) and the next rule
+    tried: TVM 0.27's GEMV rule asserts on some fused kernels (e.g. in NASNet), which would otherwise fail the
+    whole build. ``window_rule=False``: DLight's rules alone (TVM's own default kernels, the plain-TVM reference
+    of ``scripts/gpu_check``)."""
     from tvm.s_tir import dlight as dl
 
-    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    from tvm_interop.passes.kernels.gpu_window import WindowReduction
+
+    # WindowReduction before DLight's reduction rules: pooling and depthwise windows (a few terms per output)
+    # get a thread per output, not a mostly idle block per output (passes.kernels.gpu_window says why)
+    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), *([WindowReduction()] if window_rule else []), dl.gpu.Reduction(),
+             dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
     @tvm.transform.module_pass(opt_level=0, name="InteropApplyDefaultSchedule")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -254,7 +266,8 @@ def insert_after(passes: list, name: str, extra) -> list:
 
 
 def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
-                         report: CudaBuildReport | None = None, strict: bool = True) -> list:
+                         report: CudaBuildReport | None = None, strict: bool = True, window_rule: bool = True
+                         ) -> list:
     """The passes of TVM's default CUDA pipeline, in its order, with RewriteCUDAGraph restricted to
     ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is added or left out.
     ``passes.as_built`` inserts the memory check into this list, so the check sees what this build compiles."""
@@ -263,7 +276,7 @@ def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC
     report = report if report is not None else CudaBuildReport()
     finalize = [rewrite_cuda_graph_for(graph_funcs, report, strict) if p.info.name == "RewriteCUDAGraph" else p
                 for p in cp.finalize_passes(target)]
-    legalize = [robust_default_schedule(target, report) if p.info.name == "ApplyDefaultSchedule" else p
+    legalize = [robust_default_schedule(target, report, window_rule) if p.info.name == "ApplyDefaultSchedule" else p
                 for p in cp.legalize_passes(target)]
     return cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
 
@@ -284,12 +297,13 @@ def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
 
 
 def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=None, strict: bool = True,
-               after_kill: tuple = (), arches: list[str] | None = None):
+               after_kill: tuple = (), arches: list[str] | None = None, window_rule: bool = True):
     """Compile a lowered (and payload-carrying) module for CUDA. Returns ``(executable, CudaBuildReport)``.
     ``graph_funcs``: the functions to capture as CUDA graphs (default: the lowering's graph variant).
     ``after_kill``: passes run right after ``KillAfterLastUse`` (the memory check of ``passes.as_built``).
     ``arches``: the SASS arches the kernels are compiled for (default: the target's); the fatbin is made here,
-    so the build fails on an nvcc error, and ``passes.cuda_compile.export_cuda_library`` ships it."""
+    so the build fails on an nvcc error, and ``passes.cuda_compile.export_cuda_library`` ships it.
+    ``window_rule=False``: TVM's own default kernels (:func:`robust_default_schedule`)."""
     target = normalize_target(target)
     if target.kind.name != "cuda":
         raise InteropError(f"build_cuda needs a CUDA target, got {target.kind.name}")
@@ -301,7 +315,7 @@ def build_cuda(mod: tvm.IRModule, target, cuda_graph: bool = True, graph_funcs=N
         graph_funcs = ()
     t0 = time.perf_counter()
     try:
-        passes = insert_after(cuda_pipeline_passes(target, graph_funcs, report, strict), KILL_PASS, after_kill)
+        passes = insert_after(cuda_pipeline_passes(target, graph_funcs, report, strict, window_rule), KILL_PASS, after_kill)
         ex = tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, passes=passes))
     except InteropError:
         raise

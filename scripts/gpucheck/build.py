@@ -141,15 +141,18 @@ def torch_program(mod, constants: dict | None = None) -> dict:
     return graph_to_json(g)
 
 
-def _build(ctx: BuildContext, mod, graph_funcs: list[str], strict: bool = True, check: bool = False):
+def _build(ctx: BuildContext, mod, graph_funcs: list[str], strict: bool = True, check: bool = False,
+           window_rule: bool = True):
     """``(executable, CudaBuildReport)``. For CUDA the scheduled library is checked inside the build, on the IR it
-    compiles (the as-built memory check; the build refuses an unsafe program); a CPU dry run is a plain compile."""
+    compiles (the as-built memory check; the build refuses an unsafe program); a CPU dry run is a plain compile.
+    ``window_rule=False``: TVM's own DLight kernels (plain TVM, the reference)."""
     if ctx.gpu:
         from tvm_interop.passes.as_built import memory_check_pass
         from tvm_interop.passes.cuda_build import build_cuda
 
         return build_cuda(mod, ctx.target, cuda_graph=bool(graph_funcs), graph_funcs=graph_funcs, strict=strict,
-                          after_kill=[memory_check_pass()] if check else (), arches=ctx.arches)
+                          after_kill=[memory_check_pass()] if check else (), arches=ctx.arches,
+                          window_rule=window_rule)
     import tvm
 
     from tvm_interop.passes.cuda_build import CudaBuildReport
@@ -180,7 +183,8 @@ def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], 
     main_fn = copy_with_new_vars(plain["main"])
     plain["main_graph"] = main_fn.with_attr("global_symbol", "main_graph") \
         if main_fn.attrs is not None and "global_symbol" in main_fn.attrs else main_fn
-    ex, rep = _build(ctx, plain, ["main_graph"] if ctx.gpu else [], strict=False)
+    # TVM's own default kernels: the reference is independent of our kernel schedules (passes.kernels.gpu_window)
+    ex, rep = _build(ctx, plain, ["main_graph"] if ctx.gpu else [], strict=False, window_rule=False)
     lib = os.path.join("libs", f"{name}.plain.so")
     formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches)
     variants = [{"name": "plain TVM", "library": lib, "function": "main", "streams": None, "cuda_graph": False},
