@@ -395,3 +395,14 @@ def test_unit_table_summary_and_library_host_time():
     md = gcreport.render_markdown({"models": [model]})
     assert "| sequential | conv2d | 260 | 1.5 | 17.2 |" in md
     assert "library call measured faster for 1; together they take 30 us as TVM kernels, 34 us" in md
+
+
+def test_run_takes_models_in_the_order_given_with_their_entries():
+    """``run --models b,a``: b's entries first (a run cut off by the device's limit keeps the most wanted), a
+    model's name selecting its +cudnn entries too; without --models, the manifest's order."""
+    from gpucheck.run import selected_models
+
+    manifest = {"models": [{"name": n} for n in ("a", "a+cudnn", "b", "b+cudnn", "b+cudnn+tf32", "c")]}
+    assert [e["name"] for e in selected_models(manifest, "b,a")] == ["b", "b+cudnn", "b+cudnn+tf32", "a", "a+cudnn"]
+    assert [e["name"] for e in selected_models(manifest, "a+cudnn")] == ["a+cudnn"]
+    assert [e["name"] for e in selected_models(manifest, None)] == [e["name"] for e in manifest["models"]]

@@ -93,9 +93,21 @@ def load_manifest(d: str) -> dict:
 
 
 def selected_models(manifest: dict, models: str | None) -> list[dict]:
-    """The manifest's model entries, restricted to ``--models a,b`` when given."""
-    only = {m.strip() for m in models.split(",") if m.strip()} if models else None
-    return [e for e in manifest["models"] if not only or e["name"] in only]
+    """The manifest's model entries, restricted to ``--models a,b`` when given, in that order (the most wanted
+    first: a run cut off by the device's time limit keeps the models it finished); a model's name selects its
+    ``+cudnn`` / ``+tuned`` / ``+auto`` entries too, right after it."""
+    if not models:
+        return list(manifest["models"])
+    order = [m.strip() for m in models.split(",") if m.strip()]
+
+    def rank(entry: dict) -> int | None:
+        # an entry by its name, or by its model's (``inception_v3`` also selects ``inception_v3+cudnn``)
+        for key in (entry["name"], entry["name"].split("+")[0]):
+            if key in order:
+                return order.index(key)
+        return None
+
+    return sorted((e for e in manifest["models"] if rank(e) is not None), key=rank)
 
 
 def preflight(d: str, entries: list[dict]) -> dict[str, dict[str, list[str]]]:
@@ -415,6 +427,9 @@ def cmd_run(args) -> int:
         model = run_model(args, manifest, entry, dev, result["torch"] is not None)
         model["kernels"] = kernels[entry["name"]]
         result["models"].append(model)
+        # after every model: a run cut off by the device's time limit still returns what it measured
+        result["runtime_only"] = runtime_only_status()
+        _write(args.out, result)
     result["runtime_only"] = runtime_only_status()
     _write(args.out, result)
     bad = [(m["name"], v["name"]) for m in result["models"] for v in m["variants"] if v.get("ok") is False]
