@@ -45,7 +45,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
-D=.gpu_check
+D="${GPU_CHECK_DIR:-.gpu_check}"   # another build: GPU_CHECK_DIR=DIR (carry that one)
 
 # The GPU machine's environment: TVM's runtime only (the kit built here, without libtvm_compiler.so) and the
 # apache-tvm-ffi wheel, on PYTHONPATH; used by the run and diagnose steps.

@@ -499,3 +499,86 @@ def test_cli_schedule_chooses_and_compile_applies_wave_fusion(tmp_path, capsys):
     mod = get_model("googlenet", width=0.125, image_size=48)
     x = _input(mod)
     np.testing.assert_allclose(m.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
+
+
+# ------------------------------------------------------------------------ CUDA launches emulated on the CPU
+def _serial_launch(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """A CUDA kernel (lowered TIR) as a CPU function: every thread launch a serial loop, barriers dropped. Exact
+    for members that do not synchronise (each thread computes alone); a synchronising member's outputs are not."""
+    from tvm.tirx import stmt as S
+
+    from tvm_interop.passes.wave.lowered import rebuild
+
+    def serial(s):
+        if isinstance(s, S.AttrStmt) and s.attr_key in ("thread_extent", "virtual_thread"):
+            v = s.node.var
+            extent = s.value if s.value.ty.dtype == v.ty.dtype else tvm.tirx.Cast(v.ty.dtype, s.value)
+            return S.For(v, tvm.tirx.IntImm(v.ty.dtype, 0), extent, S.ForKind.SERIAL, s.body)
+        if isinstance(s, S.Evaluate) and "storage_sync" in str(s.value):
+            return S.Evaluate(tvm.tirx.IntImm("int32", 0))
+        return s
+
+    return (func.with_body(rebuild(func.body, serial)).with_attr("target", tvm.target.Target({"kind": "llvm"}))
+            .with_attr("global_symbol", "main"))
+
+
+def _run_serial(func, arrays: list) -> list:
+    lib = tvm.tirx.build(tvm.IRModule({"main": _serial_launch(func)}), target=tvm.target.Target({"kind": "llvm"}))
+    tensors = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def _conv_beside_depthwise():
+    """x -> 1x1 convolution (DLight's Matmul rule: synchronises, 21 blocks of 128 threads) beside a 3x3 depthwise
+    convolution (a thread per output, 256 per block): RandWire's stage that the H100 caught wrong."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 156, 14, 14), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((156, 156, 1, 1)).astype("float32"))))
+            b = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((156, 1, 3, 3)).astype("float32")),
+                                           padding=1, groups=156))
+            out = bb.emit_output(bb.emit(relax.op.add(a, b)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@needs_nvcc
+def test_repacked_member_of_a_cuda_wave_computes_what_it_computes_alone():
+    """The fused launch emulated thread by thread on the CPU: the depthwise convolution, repacked into the
+    convolution's blocks of 128 threads after its 21 blocks, writes exactly what its own kernel writes. Its first
+    thread is aligned to a whole block of its own (partition.repack_alignment): at 2688 threads in, TVM's
+    FlattenBuffer simplified its weight index wrongly (every wave variant of RandWire and NASNet was wrong on the
+    H100)."""
+    from tvm_interop.passes.wave.apply import plan_wave_stage
+    from tvm_interop.passes.wave.kernel import lower_unit
+
+    target = normalize_target(CUDA)
+    program = prepare_program(_conv_beside_depthwise(), target, name="conv_dw")
+    convs = [u.name for u in program.graph.units if u.kind == "conv2d"]
+    members = {u: lower_unit(program, u, target) for u in convs}
+    (conv,), (dw,) = [u for u in convs if members[u].syncs], [u for u in convs if not members[u].syncs]
+    kernel, rec = plan_wave_stage(program, [[conv], [dw]], target)   # the convolution's blocks first
+    assert kernel is not None and rec.fused == [[conv], [dw]]
+    assert (members[conv].nests[0].stmt.threads, members[dw].nests[0].stmt.threads) == (128, 256)
+    assert members[conv].nests[0].stmt.grid * 128 % 256 != 0, "the case needs an offset that is not aligned"
+    sig = kernel.signature
+    rng = np.random.default_rng(1)
+    inputs = []
+    for ref in sig.inputs:
+        owner = next(u for u in sig.units if ref in program.calls[u].args)
+        p = members[owner].func.params[program.calls[owner].args.index(ref)]
+        inputs.append(rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)))
+    outs = [np.zeros([int(d) for d in program.calls[u].outputs[i].shape], program.calls[u].outputs[i].dtype)
+            for u, i in sig.outputs]
+    fused = _run_serial(kernel.func, inputs + outs)[len(inputs):]
+    call = program.calls[dw]
+    alone = _run_serial(members[dw].func, [inputs[sig.inputs.index(r)] for r in call.args]
+                        + [np.zeros([int(d) for d in call.outputs[0].shape], call.outputs[0].dtype)])[-1]
+    np.testing.assert_array_equal(fused[sig.outputs.index((dw, 0))], alone)
+    assert np.abs(alone).max() > 0

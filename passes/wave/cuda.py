@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 from tvm.tirx import stmt as S
 
 from .lowered import LoweredKernel, Nest, NotFusable, flat, is_declaration, work
-from .partition import block_offsets, repacked_blocks, wave_block_size
+from .partition import block_offsets, repack_alignment, repacked_blocks, wave_block_size
 
 STATIC_SHARED_LIMIT = 48 * 1024
 WARP = 32   # a synchronising member's block under this size is not one the others are repacked into
@@ -180,12 +180,14 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
     # blocks of each member in the fused grid: its own grid, or its threads repacked into the wave's blocks
     grids = [la.grid if la.threads == block else repacked_blocks(la.grid, la.threads, block)
              for _, la, _ in launches]
-    offsets, total = block_offsets(grids)
+    aligns = [1 if la.threads == block else repack_alignment(la.threads, block) for _, la, _ in launches]
+    offsets, total = block_offsets(grids, aligns)
+    ends = [0] + [o + g for o, g in zip(offsets, grids)]
     bx = tirx.Var(f"{name}_bx", dtype)
     tx = tirx.Var(f"{name}_tx", dtype)
     c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
     branches = []
-    for (member, la, _), offset, grid in zip(launches, offsets, grids):
+    for k, ((member, la, _), offset, grid) in enumerate(zip(launches, offsets, grids)):
         local_b = bx - c(offset) if offset else bx
         if la.threads == block:
             member_b, member_t, guard = local_b, tx, None
@@ -193,6 +195,9 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
             linear = local_b * c(block) + tx
             member_b, member_t = tirx.floordiv(linear, c(la.threads)), tirx.floormod(linear, c(la.threads))
             guard = tirx.LT(linear, c(la.grid * la.threads)) if grid * block != la.grid * la.threads else None
+            if offset > ends[k]:   # the idle blocks of its alignment (partition.repack_alignment) skip the body
+                idle = tirx.GE(bx, c(offset))
+                guard = idle if guard is None else tirx.And(idle, guard)
         body = [*_bind_dims(la.block, _BLOCK, member_b, dtype), *_bind_dims(la.thread, _THREAD, member_t, dtype)]
         inner = la.body
         for attr in reversed(la.keep):

@@ -23,6 +23,8 @@ hold 1024-thread elementwise kernels, and a small-block member fills whole block
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 def _ceildiv(a: int, b: int) -> int:
@@ -105,15 +107,27 @@ def unit_loads(plan: WavePlan, serial: list[int]) -> list[int]:
     return loads
 
 
-def block_offsets(grids: list[int]) -> tuple[list[int], int]:
-    """Each member's first block in the fused grid, and the fused grid size."""
+def block_offsets(grids: list[int], aligns: list[int] | None = None) -> tuple[list[int], int]:
+    """Each member's first block in the fused grid, and the fused grid size. ``aligns[i]``: member ``i`` starts at
+    a multiple of that many blocks (idle blocks before it, which its guard skips; see :func:`repack_alignment`)."""
     offsets, k = [], 0
-    for g in grids:
+    for i, g in enumerate(grids):
         if g < 1:
             raise ValueError(f"a member grid needs at least one block, got {g}")
+        a = aligns[i] if aligns else 1
+        k = _ceildiv(k, a) * a
         offsets.append(k)
         k += g
     return offsets, k
+
+
+def repack_alignment(threads: int, block: int) -> int:
+    """Blocks of ``block`` threads by which a repacked member's first block is aligned, so that its first fused
+    thread is a multiple of its own block (``threads``): its linear thread then starts at a whole member block.
+    Why: with an offset that is not, TVM 0.27's FlattenBuffer simplified a depthwise convolution's weight index
+    ``(L // 256 * 256 + L % 256) // 196`` (L = member thread, 2688 fused threads in) to a wrong value (found on an
+    H100 and reproduced by emulating the launch on the CPU: tests/test_wave.py)."""
+    return threads // math.gcd(threads, block)
 
 
 def wave_block_size(launches: list[tuple[int, bool]]) -> int:
