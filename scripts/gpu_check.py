@@ -146,6 +146,8 @@ def main(argv=None) -> int:
     g.set_defaults(func=cmd_diagnose)
     q = sub.add_parser("report", help="here: docs/gpu_check.json + .md from a run's JSON")
     q.add_argument("result")
+    q.add_argument("--name", default="gpu_check",
+                   help="docs/NAME.json + .md (default gpu_check; another name keeps an earlier run's report)")
     q.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
     if getattr(args, "repeat", 100) < 100:

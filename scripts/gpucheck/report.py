@@ -154,9 +154,10 @@ def cmd_report(args) -> int:
         result = json.load(f)
     docs = os.path.join(REPO, "docs")
     os.makedirs(docs, exist_ok=True)
-    with open(os.path.join(docs, "gpu_check.json"), "w", encoding="utf-8") as f:
+    name = getattr(args, "name", None) or "gpu_check"
+    with open(os.path.join(docs, f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    with open(os.path.join(docs, "gpu_check.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(docs, f"{name}.md"), "w", encoding="utf-8") as f:
         f.write(render_markdown(result))
-    print(f"wrote {docs}/gpu_check.json and {docs}/gpu_check.md")
+    print(f"wrote {docs}/{name}.json and {docs}/{name}.md")
     return 0
