@@ -74,6 +74,12 @@ case "$step" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     exec python3 scripts/gpu_check.py run --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
     ;;
+  wave-diff)
+    # every fused stage's wave kernel against its members alone, built here by `scripts/gpu_wave_diff.py build`
+    # (carry .wave_diff and the build's directory, whose runtime kit this uses); extra arguments: the models
+    runtime_kit
+    exec python3 scripts/gpu_wave_diff.py run --out "${OUT:-gpu_check_out}/wave_diff" "$@"
+    ;;
   diagnose)
     # the race check: every concurrent variant several times, then serialized (CUDA_LAUNCH_BLOCKING=1)
     runtime_kit
@@ -85,7 +91,7 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | report RESULT.json" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | report RESULT.json [--name N]" >&2
     exit 2
     ;;
 esac

@@ -406,3 +406,20 @@ def test_run_takes_models_in_the_order_given_with_their_entries():
     assert [e["name"] for e in selected_models(manifest, "b,a")] == ["b", "b+cudnn", "b+cudnn+tf32", "a", "a+cudnn"]
     assert [e["name"] for e in selected_models(manifest, "a+cudnn")] == ["a+cudnn"]
     assert [e["name"] for e in selected_models(manifest, None)] == [e["name"] for e in manifest["models"]]
+
+
+def test_wave_diff_checks_every_fused_stage_against_its_members(tmp_path):
+    """``scripts/gpu_wave_diff.py`` with CPU wave kernels (what it does with CUDA ones on a GPU): every fused stage
+    of a small RandWire built, then each wave kernel run against its members alone, all equal."""
+    import gpu_wave_diff
+
+    from tvm_interop.models import small_config
+
+    cfg = small_config("randwire")
+    cfg.pop("depth", None)   # at its smallest depth RandWire is a chain: nothing to fuse
+    gpu_wave_diff.build(["randwire"], str(tmp_path), "llvm", model_kwargs=cfg)
+    report = gpu_wave_diff.run(["randwire"], str(tmp_path), str(tmp_path / "out"))
+    rows = report["randwire"]["stages"]
+    assert rows and report["randwire"]["wrong"] == 0
+    assert all(r["max_err"] <= gpu_wave_diff.TOL for r in rows)
+    assert json.loads((tmp_path / "out" / "wave_diff.json").read_text())["randwire"]["wrong"] == 0

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Every fused stage's wave kernel against its members run alone, on the device that runs them.
+
+Why: gpu_check compares a whole program's output with plain TVM, which says *that* a wave variant is wrong but not
+which stage. On an H100 every ``greedy+wave`` / ``lios+wave`` variant of RandWire and NASNet-A-mobile was wrong
+while each member kernel alone was right; this check named the 5 stages of 205 that were, and the CPU emulation in
+``tests/test_wave.py`` then reproduced the cause (a repacked member's index, simplified wrongly by TVM).
+
+    build (here, TVM's compiler + nvcc):  python scripts/gpu_wave_diff.py build --models randwire,nasnet_a_mobile
+    run (the GPU machine, TVM's runtime only): one call of the device tool with carry [".wave_diff", ".gpu_check"]
+        bash scripts/gpu_check.sh wave-diff randwire nasnet_a_mobile
+
+``build`` writes, per model, one library holding each fused stage's wave kernel (``s<stage>_wave``) and every
+member kernel alone (``s<stage>_<unit>``, scheduled as the build schedules it), and a JSON of how to call them.
+``run`` feeds each stage random inputs, runs the members in chain order and the wave kernel, and writes
+``OUT/wave_diff.json``: per stage the largest difference, and the stages (units) over 1e-4. ``--target llvm``
+builds CPU wave kernels, which the same ``run`` checks on the CPU (the tests do).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-4
+
+
+def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "greedy",
+          model_kwargs: dict | None = None) -> None:
+    import tvm
+
+    from tvm_interop.api import prepare_program
+    from tvm_interop.models import get_model
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.target import normalize_target
+    from tvm_interop.passes.wave.apply import fusable_stages, plan_wave_stage
+    from tvm_interop.passes.wave.cuda import schedule_for_cuda
+
+    target = normalize_target(target_spec)
+    gpu = target.kind.name == "cuda"
+    os.makedirs(out_dir, exist_ok=True)
+    for name in models:
+        program = prepare_program(get_model(name, **(model_kwargs or {})), target, name=name)
+        cost = "sim:h100" if gpu else "sim:cpu"
+        sched = schedule_graph(program.graph, scheduler, cost, model_name=name)
+        funcs, stages = {}, []
+        for si in fusable_stages(sched):
+            kernel, rec = plan_wave_stage(program, sched.stages[si].groups, target)
+            if kernel is None:
+                continue
+            sig = kernel.signature
+            wave = f"s{si}_wave"
+            funcs[wave] = kernel.func.with_attr("global_symbol", wave)
+            inputs = []
+            for ref in sig.inputs:
+                owner = next(u for u in sig.units if ref in program.calls[u].args)
+                call = program.calls[owner]
+                p = program.mod[call.func_name].params[call.args.index(ref)]
+                inputs.append(([int(d) for d in p.shape], str(p.dtype)))
+            members = []
+            for group in rec.fused:
+                for u in group:
+                    call = program.calls[u]
+                    func = program.mod[call.func_name]
+                    if gpu:
+                        func = schedule_for_cuda(func, target)
+                    fname = f"s{si}_{u}"
+                    funcs[fname] = func.with_attr("global_symbol", fname)
+                    args = [["unit", r.unit, r.index] if r.kind == "unit" and r.unit in sig.units
+                            else ["in", sig.inputs.index(r)] for r in call.args]
+                    members.append({"func": fname, "unit": u, "args": args,
+                                    "outs": [([int(d) for d in o.shape], o.dtype) for o in call.outputs]})
+            stages.append({"stage": si, "wave": wave, "groups": rec.fused, "inputs": inputs,
+                           "outputs": [[u, i] for u, i in sig.outputs], "members": members})
+        with target:
+            lib = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+        path = os.path.join(out_dir, f"{name}.so")
+        if gpu:
+            from tvm_interop.passes.cuda_compile import export_cuda_library
+            from tvm_interop.passes.target import requested_arches
+
+            export_cuda_library(lib, path, list(requested_arches(target)))
+        else:
+            lib.export_library(path)
+        with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
+            json.dump({"target": target.kind.name, "scheduler": scheduler, "stages": stages}, f)
+        print(f"{name}: {len(stages)} fused stages, {len(funcs)} kernels -> {path}", flush=True)
+
+
+def run(models: list[str], in_dir: str, out_dir: str) -> dict:
+    import numpy as np
+    import tvm
+
+    report = {}
+    for name in models:
+        with open(os.path.join(in_dir, f"{name}.json"), encoding="utf-8") as f:
+            spec = json.load(f)
+        if spec["target"] == "cuda":
+            from tvm_interop.runtime.cuda import check_cuda_device, ensure_cuda_runtime
+
+            ensure_cuda_runtime()
+            dev = check_cuda_device(0)
+        else:
+            dev = tvm.cpu(0)
+        lib = tvm.runtime.load_module(os.path.join(in_dir, f"{name}.so"))
+        rng = np.random.default_rng(0)
+        rows = []
+        for st in spec["stages"]:
+            ins = [tvm.runtime.tensor(rng.standard_normal(s).astype(t), dev) for s, t in st["inputs"]]
+            alone = {}
+            for m in st["members"]:
+                args = [alone[(a[1], a[2])] if a[0] == "unit" else ins[a[1]] for a in m["args"]]
+                outs = [tvm.runtime.tensor(np.zeros(s, t), dev) for s, t in m["outs"]]
+                lib[m["func"]](*args, *outs)
+                for i, o in enumerate(outs):
+                    alone[(m["unit"], i)] = o
+            fused = [tvm.runtime.tensor(np.zeros(alone[(u, i)].shape, alone[(u, i)].dtype), dev)
+                     for u, i in st["outputs"]]
+            lib[st["wave"]](*ins, *fused)
+            dev.sync()
+            errs = [float(np.max(np.abs(f.numpy() - alone[(u, i)].numpy())))
+                    for f, (u, i) in zip(fused, st["outputs"])]
+            bad = [[u, e] for (u, _), e in zip(st["outputs"], errs) if not e <= TOL]
+            rows.append({"stage": st["stage"], "groups": st["groups"], "max_err": max(errs), "bad": bad})
+            if bad:
+                print(f"{name}: stage {st['stage']} wrong: {bad}", flush=True)
+        report[name] = {"device": str(dev), "scheduler": spec["scheduler"], "stages": rows,
+                        "wrong": sum(1 for r in rows if r["bad"])}
+        print(f"{name}: {len(rows)} fused stages, {report[name]['wrong']} wrong", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "wave_diff.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpu_wave_diff.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    b = sub.add_parser("build", help="here: the wave kernels and their members of each model")
+    b.add_argument("--models", required=True, help="comma-separated zoo models")
+    b.add_argument("--dir", default=os.path.join(REPO, ".wave_diff"))
+    b.add_argument("--target", default="cuda -arch=sm_90")
+    b.add_argument("--scheduler", default="greedy")
+    r = sub.add_parser("run", help="on the device: each wave kernel against its members")
+    r.add_argument("models", nargs="+")
+    r.add_argument("--dir", default=os.path.join(REPO, ".wave_diff"))
+    r.add_argument("--out", default=os.environ.get("OUT", "wave_diff_out"))
+    args = p.parse_args(argv)
+    if args.step == "build":
+        build([m for m in args.models.split(",") if m], args.dir, args.target, args.scheduler)
+        return 0
+    report = run(args.models, args.dir, args.out)
+    return 1 if any(m["wrong"] for m in report.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)
+    sys.exit(main())
