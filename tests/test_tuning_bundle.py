@@ -134,8 +134,9 @@ def test_cli_round_trip(program, tmp_path, capsys):
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="CUDA builds need nvcc")
 def test_cuda_round_trip_without_a_gpu(tmp_path):
-    """A CUDA round built here (candidates as fatbins), its results stood in for by made-up timings (there is no
-    GPU here: what is tested is the plumbing, not the timings), imported, and used by a CUDA compile."""
+    """A CUDA round built here (candidates as fatbins, plus the default kernel a build would ship), its results
+    stood in for by made-up timings (there is no GPU here: what is tested is the plumbing, not the timings),
+    imported, and used by a CUDA compile, which keeps the default kernel where it measured faster."""
     import tvm_interop
     from tvm_interop.api import load_module, prepare_program
     from tvm_interop.passes.cuda_compile import inspect_cuda_library
@@ -149,16 +150,22 @@ def test_cuda_round_trip_without_a_gpu(tmp_path):
     db = str(tmp_path / "db")
     b = export_round(program, target, db, str(tmp_path / "b"), trials=2, per_round=2, op_names=OPS)
     plan = json.load(open(os.path.join(b["bundle"], "bundle.json")))
-    assert plan["device"] == "cuda" and len(plan["candidates"]) == 2
+    tuning = [c for c in plan["candidates"] if not c.get("baseline")]
+    (baseline,) = [c for c in plan["candidates"] if c.get("baseline")]   # DLight's kernel, the one that ships
+    assert plan["device"] == "cuda" and len(tuning) == 2 and baseline["task"] == tuning[0]["task"]
     for c in plan["candidates"]:
         info = inspect_cuda_library(os.path.join(b["bundle"], c["file"]))
         assert info["formats"] == ["fatbin"] and not info["source_left"], info
+    # made-up timings in which the default kernel beats both candidates
+    secs = {c["id"]: 1e-5 * (i + 1) for i, c in enumerate(tuning)} | {baseline["id"]: 1e-6}
     stand_in = {"format": RESULTS_FORMAT, "version": VERSION, "bundle_id": plan["id"], "device_kind": "cuda",
                 "device": "cuda:stand-in GPU:sm_90", "tvm_version": plan["tvm_version"], "target": plan["target"],
-                "results": [{"id": c["id"], "run_secs": [1e-5 * (i + 1)]} for i, c in enumerate(plan["candidates"])]}
+                "results": [{"id": c["id"], "run_secs": [secs[c["id"]]]} for c in plan["candidates"]]}
     json.dump(stand_in, open(tmp_path / "r.json", "w"))
     assert import_results(db, str(tmp_path / "r.json"))["records"] == 2
-    assert tuned_functions(apply_database(program.mod, target, db)) == ["fused_conv2d_add_relu"]
+    assert tuned_functions(apply_database(program.mod, target, db)) == []    # the faster default is kept
+    tuned = apply_database(program.mod, target, db, prefer_faster=False)
+    assert tuned_functions(tuned) == ["fused_conv2d_add_relu"]
     cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="sequential", tuning_db=db, candidates=False,
                              cuda_graph=False, **tiny)
     assert "tuning_db" in cm.timings

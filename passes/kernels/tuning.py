@@ -815,9 +815,9 @@ def apply_database(mod: tvm.IRModule, target="llvm", work_dir: str = "tuning_db"
     The database is queried with the unscheduled kernels (what was tuned, see :func:`_tuning_source`). GlobalVar
     names, the Relax functions, module attributes (the unscheduled originals included) and each function's own
     attributes are kept; a tuned function gets ``tirx.is_scheduled`` and ``tvm_interop.tuned``. Functions without
-    a record keep the prepared module's version. ``prefer_faster``: where the prepared function carries a default
-    schedule (``cpu_schedule``) that measured faster than the best tuned record when it was tuned (same runner,
-    see the tuning state), the default is kept. Raises TuningError if ``work_dir`` holds no database or was tuned
+    a record keep the prepared module's version. ``prefer_faster``: where the kernel that ships untuned (the
+    prepared function's ``cpu_schedule``; on CUDA DLight's, timed in a tuning bundle) measured faster than the best
+    tuned record when it was tuned (same runner, see the tuning state), the default is kept. Raises TuningError if ``work_dir`` holds no database or was tuned
     for another kind of target."""
     from tvm import relax
 
@@ -841,7 +841,10 @@ def apply_database(mod: tvm.IRModule, target="llvm", work_dir: str = "tuning_db"
         newf = new[gv.name_hint]
         if newf.same_as(func) or not _is_scheduled(newf):
             continue  # no record: keep the prepared module's function (e.g. its default CPU schedule)
-        if prefer_faster and not mod[gv].same_as(func) and _is_scheduled(mod[gv]):
+        # the default is kept where it measured faster: a CPU kernel's cpu_schedule (in the prepared module), and
+        # a CUDA kernel's DLight schedule (applied by the build to a kernel left unscheduled; timed in a bundle)
+        ships_default = (not mod[gv].same_as(func) and _is_scheduled(mod[gv])) or target.kind.name == "cuda"
+        if prefer_faster and ships_default:
             task_mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
             info = state.get("tasks", {}).get(ms.utils.shash2hex(task_mod), {})
             default_ms = info.get("default_ms")

@@ -13,6 +13,11 @@ MetaSchedule's tuner wants a builder and a runner in one process. So a round is 
    so they are not proposed again), the XGBoost model is updated with them and saved, so the next round's
    search is guided by everything measured so far.
 
+On CUDA the first round of each kernel also carries the kernel a build ships without tuning (DLight's schedule,
+as ``passes.cuda_build`` gives it): its timing becomes the task's ``default_ms``, so ``compile --tuning-db`` keeps
+that kernel where no tuned record beat it (on an H200, round 2 of Inception-v3's stride-2 3x3 convolution was
+still slower than its default kernel).
+
 Repeat until every kernel has its trials; ``compile --tuning-db DIR`` then uses the best records. The state
 file says which bundle is outstanding; results are refused when they belong to a bundle this database did not
 export (or already imported), or were measured on a device other than the one the database was tuned on,
@@ -78,7 +83,7 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
         if os.path.exists(bundle_dir) and os.listdir(bundle_dir):
             raise TuningError(f"{bundle_dir} is not empty; give a new directory for the bundle")
         os.makedirs(bundle_dir, exist_ok=True)
-        cands_out, pending_records, per_task = [], [], {}
+        cands_out, pending_records, per_task, baselines = [], [], {}, []
         scratch = tempfile.mkdtemp(prefix="tvm_interop_round_")
         builder = InProcessBuilder(export=True, tmp_root=scratch)
         try:
@@ -107,6 +112,17 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
                     cands_out.append({"id": cid, "file": cid + ".so", "task": t.task_name, "args_info": info})
                     pending_records.append(_record_json(c, workload, target, key, cid, None))
                 per_task[t.task_name] = len(proposed)
+                if "default_ms" not in st:
+                    base = _shipped_kernel(tmod, target)
+                    if base is not None:
+                        (bb,) = builder.build([ms.builder.BuilderInput(base, target)])
+                        if bb.error_msg is None:
+                            cid = f"c{len(cands_out):05d}"
+                            shutil.move(bb.artifact_path, os.path.join(bundle_dir, cid + ".so"))
+                            info = args_info_json(ms.arg_info.ArgInfo.from_entry_func(base, remove_preproc=True))
+                            cands_out.append({"id": cid, "file": cid + ".so", "task": t.task_name,
+                                              "args_info": info, "baseline": True})
+                            baselines.append({"id": cid, "task": key})
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         plan = {"format": BUNDLE_FORMAT, "version": VERSION, "id": bundle_id, "target": str(target),
@@ -115,7 +131,7 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
         atomic.write_json(os.path.join(bundle_dir, "bundle.json"), plan)
         os.makedirs(os.path.join(work_dir, PENDING_DIR), exist_ok=True)
         atomic.write_json(os.path.join(work_dir, PENDING_DIR, bundle_id + ".json"),
-                          {"id": bundle_id, "records": pending_records})
+                          {"id": bundle_id, "records": pending_records, "baselines": baselines})
         state.update(target=_target_text(target), tvm_version=tvm.__version__)
         if pending_records:
             state["pending_bundle"] = {"id": bundle_id, "dir": os.path.abspath(bundle_dir),
@@ -124,6 +140,22 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
     return {"bundle": os.path.abspath(bundle_dir), "id": bundle_id, "candidates": len(cands_out),
             "build_failures": sum(1 for r in pending_records if r["error"]), "per_task": per_task,
             "done": not pending_records, "seconds": time.perf_counter() - t0}
+
+
+def _shipped_kernel(tmod: tvm.IRModule, target) -> tvm.IRModule | None:
+    """The task's kernel as a build ships it without tuning, when that is not the task itself: on CUDA, DLight's
+    default schedule (``cuda_build.robust_default_schedule``). CPU kernels get their default schedule in
+    ``prepare``; a CPU round times them through ``tuning.tune``'s baselines instead."""
+    if target.kind.name != "cuda":
+        return None
+    from ..cuda_build import robust_default_schedule
+
+    try:
+        with target:
+            return robust_default_schedule(target)(tvm.IRModule({"main": tmod["main"]}))
+    except Exception as err:  # noqa: BLE001 - no baseline: the round still tunes
+        log.warning("no default kernel to time beside the candidates: %s", err)
+        return None
 
 
 def _propose(task, tmod, target, want, db, model, work_dir, population_size, seed, num_threads) -> list:
@@ -212,6 +244,11 @@ def import_results(work_dir: str, results_path: str, *, num_threads: int | None 
                 model.update(ctx, cands, results)
             if persistent:
                 _save_cost_model(model, work_dir)
+        for base in waiting.get("baselines", []):   # the kernel that ships untuned: its time is the bar to beat
+            r = timed.get(base["id"])
+            if r is not None and "error" not in r and r.get("run_secs"):
+                secs = [float(x) for x in r["run_secs"]]
+                state["tasks"].setdefault(base["task"], {})["default_ms"] = sum(secs) / len(secs) * 1e3
         state["device"] = res.get("device")
         state["rounds"] = int(state.get("rounds", 0)) + 1
         state.pop("pending_bundle", None)
