@@ -80,6 +80,13 @@ case "$step" in
     runtime_kit
     exec python3 scripts/gpu_wave_diff.py run --out "${OUT:-gpu_check_out}/wave_diff" "$@"
     ;;
+  tuning-round)
+    # one round of CUDA tuning candidates (`tvm-interop tune MODEL --target cuda --bundle DIR`, carry DIR and the
+    # build's directory for its runtime kit) timed here; then `tvm-interop tune MODEL --db DB --import` the file
+    runtime_kit
+    [ $# -ge 1 ] || { echo "usage: scripts/gpu_check.sh tuning-round BUNDLE_DIR" >&2; exit 2; }
+    exec python3 -m tvm_interop.runtime.tuning_bundle "$1" -o "${OUT:-gpu_check_out}/tune_results.json" --device cuda
+    ;;
   diagnose)
     # the race check: every concurrent variant several times, then serialized (CUDA_LAUNCH_BLOCKING=1)
     runtime_kit
@@ -91,7 +98,7 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | report RESULT.json [--name N]" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | report RESULT.json [--name N]" >&2
     exit 2
     ;;
 esac
