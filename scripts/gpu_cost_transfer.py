@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The fitted whole-program GPU model (``docs/gpu_cost_model.json``) predicting a later gpu_check run from that run's
+own unit tables: how well the model transfers to kernels and tables it was not fitted on.
+
+    python scripts/gpu_cost_transfer.py RUN/gpu_check.json RUN/unit_costs --out docs/gpu_cost_transfer.json
+
+For every model of the run with a unit table (``gpu_check build --unit-costs``), every scheduled variant with TVM's
+per-call events (sequential, greedy, lios, ios; stage and dependency; direct and CUDA graph) is rescheduled here
+as the build scheduled it (``sim:h100``, at most 8 streams; a schedule with IOS merge stages is skipped: the run
+built it merged), its issued program simulated with the run's isolated unit latencies, and compared with the
+run's median. Prints median / worst |predicted / measured - 1| per model and writes every row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+TARGET = {"kind": "cuda", "arch": "sm_90"}
+SCHEDULERS = ("sequential", "greedy", "lios", "ios")
+
+
+def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None) -> list[dict]:
+    from tvm_interop.api import prepare_program
+    from tvm_interop.models import get_model
+    from tvm_interop.passes.cost.program import ProgramCostModel, load_fitted
+    from tvm_interop.passes.merge import has_merges
+    from tvm_interop.passes.schedulers import schedule_graph
+
+    params = load_fitted()
+    rows = []
+    for m in run["models"]:
+        name = m["name"]
+        table = os.path.join(unit_dir, f"{name}.json")
+        if (models and name not in models) or not os.path.exists(table):
+            continue
+        with open(table, encoding="utf-8") as f:
+            units = json.load(f)["units"]
+        program = prepare_program(get_model(name), TARGET, name=name)
+        model = ProgramCostModel(units, params)
+        recorded = {v["name"]: v for v in m["variants"]}
+        for sname in SCHEDULERS:
+            sched = schedule_graph(program.graph, sname, "sim:h100", model_name=name,
+                                   **({"max_streams": 8} if sname == "greedy" else {}))
+            if has_merges(sched):
+                continue
+            for mode in ("stage", "dependency"):
+                for graph in (False, True):
+                    label = sname + (" (dependency)" if mode == "dependency" else "") + (" + CUDA graph" if graph else "")
+                    rec = recorded.get(label)
+                    if not rec or not rec.get("median_ms") or rec.get("stages") != sched.num_stages:
+                        continue
+                    pred = model.predict(program, sched, mode, graph) * 1e3
+                    rows.append({"model": name, "variant": label, "measured_ms": rec["median_ms"],
+                                 "predicted_ms": pred, "error": pred / rec["median_ms"] - 1})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for key in sorted({r["model"] for r in rows}) + ["all"]:
+        errs = [abs(r["error"]) for r in rows if key in ("all", r["model"])]
+        signed = [r["error"] for r in rows if key in ("all", r["model"])]
+        out[key] = {"variants": len(errs), "median": statistics.median(errs), "worst": max(errs),
+                    "signed_median": statistics.median(signed), "within_10": sum(e <= 0.10 for e in errs),
+                    "within_25": sum(e <= 0.25 for e in errs)}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="a gpu_check run's gpu_check.json")
+    ap.add_argument("unit_dir", help="that run's unit_costs directory")
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--out", default=None, help="write rows and summary as JSON")
+    args = ap.parse_args(argv)
+    with open(args.run, encoding="utf-8") as f:
+        run = json.load(f)
+    rows = transfer_rows(run, args.unit_dir, args.models.split(",") if args.models else None)
+    if not rows:
+        print("no variant to predict (no unit tables beside the run?)", file=sys.stderr)
+        return 1
+    s = summary(rows)
+    for k, v in s.items():
+        print(f"{k:16s} {v['variants']:3d} variants: median {v['median'] * 100:5.1f} %, worst {v['worst'] * 100:5.1f} %,"
+              f" signed median {v['signed_median'] * 100:+5.1f} %, within 10 %: {v['within_10']}, 25 %: {v['within_25']}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"run": os.path.basename(args.run), "device": run.get("device"), "summary": s, "rows": rows},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
