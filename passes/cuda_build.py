@@ -252,6 +252,15 @@ def robust_default_schedule(target: tvm.target.Target, report: "CudaBuildReport 
     return _pass
 
 
+def scheduled_as_built(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    """One kernel with the schedule a CUDA build gives it (:func:`robust_default_schedule`); an already scheduled
+    (tuned) kernel is kept. What wave fusion fuses and what a tuning round times as the untuned default."""
+    if func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]):
+        return func
+    with target:
+        return robust_default_schedule(target)(tvm.IRModule({"main": func}))["main"]
+
+
 KILL_PASS = "KillAfterLastUse"
 UNSAFE_MARKER = "stream program is not memory-safe"
 

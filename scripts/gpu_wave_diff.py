@@ -35,8 +35,8 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
     from tvm_interop.models import get_model
     from tvm_interop.passes.schedulers import schedule_graph
     from tvm_interop.passes.target import normalize_target
-    from tvm_interop.passes.wave.apply import fusable_stages, plan_wave_stage
-    from tvm_interop.passes.wave.cuda import schedule_for_cuda
+    from tvm_interop.passes.wave.apply import fusable_stages, fusion_program, plan_wave_stage
+    from tvm_interop.passes.cuda_build import scheduled_as_built
 
     target = normalize_target(target_spec)
     gpu = target.kind.name == "cuda"
@@ -45,6 +45,7 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
         program = prepare_program(get_model(name, **(model_kwargs or {})), target, name=name)
         cost = "sim:h100" if gpu else "sim:cpu"
         sched = schedule_graph(program.graph, scheduler, cost, model_name=name)
+        program = fusion_program(program, target)   # what apply_wave_fusion fuses (CPU: repacked weights)
         funcs, stages = {}, []
         for si in fusable_stages(sched):
             kernel, rec = plan_wave_stage(program, sched.stages[si].groups, target)
@@ -65,7 +66,7 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
                     call = program.calls[u]
                     func = program.mod[call.func_name]
                     if gpu:
-                        func = schedule_for_cuda(func, target)
+                        func = scheduled_as_built(func, target)
                     fname = f"s{si}_{u}"
                     funcs[fname] = func.with_attr("global_symbol", fname)
                     args = [["unit", r.unit, r.index] if r.kind == "unit" and r.unit in sig.units

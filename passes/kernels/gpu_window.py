@@ -55,14 +55,17 @@ class WindowReduction(GPUScheduleRule):
         infos = try_inline(sch, infos)
         if any("O" in info.dom_kind() for info in infos):
             return None
-        reductions = [info.block_rv for info in infos if "R" in info.dom_kind()]
-        if not reductions:
-            return None
-        for block in reductions:
-            kinds = [info.dom_kind() for info in infos if info.block_rv == block][0]
-            window = _extent(sch, [lp for lp, k in zip(sch.get_loops(block), kinds) if k == "R"])
+        reductions = []
+        for info in infos:
+            kinds = info.dom_kind()
+            if "R" not in kinds:
+                continue
+            window = _extent(sch, [lp for lp, k in zip(sch.get_loops(info.block_rv), kinds) if k == "R"])
             if window is None or window > MAX_WINDOW:
                 return None
+            reductions.append(info.block_rv)
+        if not reductions:
+            return None
         blocks = [info.block_rv for info in infos]
         if "R" in infos[-1].dom_kind():
             # the last block reduces into the output: accumulate in a register (cache_write makes its buffer

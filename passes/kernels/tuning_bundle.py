@@ -144,15 +144,14 @@ def export_round(program, target, work_dir: str, bundle_dir: str, trials: int, *
 
 def _shipped_kernel(tmod: tvm.IRModule, target) -> tvm.IRModule | None:
     """The task's kernel as a build ships it without tuning, when that is not the task itself: on CUDA, DLight's
-    default schedule (``cuda_build.robust_default_schedule``). CPU kernels get their default schedule in
-    ``prepare``; a CPU round times them through ``tuning.tune``'s baselines instead."""
+    default schedule (``cuda_build.scheduled_as_built``). CPU kernels get their default schedule in ``prepare``;
+    a CPU round times them through ``tuning.tune``'s baselines instead."""
     if target.kind.name != "cuda":
         return None
-    from ..cuda_build import robust_default_schedule
+    from ..cuda_build import scheduled_as_built
 
     try:
-        with target:
-            return robust_default_schedule(target)(tvm.IRModule({"main": tmod["main"]}))
+        return tvm.IRModule({"main": scheduled_as_built(tmod["main"], target)})
     except Exception as err:  # noqa: BLE001 - no baseline: the round still tunes
         log.warning("no default kernel to time beside the candidates: %s", err)
         return None

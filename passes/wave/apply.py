@@ -214,6 +214,21 @@ def splice_waves(program, kernels: list[WaveKernel], name_prefix: str = "") -> t
     return relax.transform.Normalize()(out), names
 
 
+def fusion_program(program, target):
+    """The program whose kernels wave fusion fuses for ``target`` (a normalised Target): on CPU targets with their
+    weights repacked at build time (``passes.kernels.prepack``), as the unfused kernels read them; else
+    ``program``. Whatever checks fused kernels against their members uses this too, so it checks what ships."""
+    if target.kind.name != "llvm":
+        return program
+    from ..extract import extract
+    from ..kernels.prepack import prepack_weights
+
+    packed = prepack_weights(program, target)
+    if packed is program:
+        return program
+    return extract(packed.mod, name=program.graph.name, known_constants=packed.const_exprs)
+
+
 def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | None = None,
                       veus: int | None = None, name_prefix: str = ""):
     """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``).
@@ -228,12 +243,7 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
 
     target = normalize_target(target)
     schedule.validate(program.graph)
-    if target.kind.name == "llvm":
-        from ..kernels.prepack import prepack_weights
-
-        packed = prepack_weights(program, target)
-        if packed is not program:
-            program = extract(packed.mod, name=program.graph.name, known_constants=packed.const_exprs)
+    program = fusion_program(program, target)
     chosen = fusable_stages(schedule) if stages is None else list(stages)
     kernels, records = [], []
     for si in chosen:

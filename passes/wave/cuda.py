@@ -33,17 +33,6 @@ _SYNCING_CALLS = ("tvm_thread_allreduce", "tvm_warp_shuffle", "tvm_storage_sync"
                   "tvm_fill_fragment", "tvm_mma_sync", "ptx_")
 
 
-def schedule_for_cuda(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
-    """The kernel with the schedule the CUDA build gives it (DLight's rules, ``cuda_build``); an already
-    scheduled (tuned) kernel is kept."""
-    from ..cuda_build import robust_default_schedule
-
-    if func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]):
-        return func
-    with target:
-        return robust_default_schedule(target)(tvm.IRModule({"main": func}))["main"]
-
-
 def sync_passes() -> list:
     """TVM's barrier insertion and cross-thread reduction lowering, run on each member alone, where its launch
     dimensions are still the ``thread_extent`` attributes these passes read. In the fused kernel a member's body

@@ -73,9 +73,10 @@ def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
                          "kernel", unit=unit)
     func = program.mod[call.func_name]
     if target.kind.name == "cuda":
-        from .cuda import schedule_for_cuda, split_cuda, sync_passes
+        from ..cuda_build import scheduled_as_built
+        from .cuda import split_cuda, sync_passes
 
-        return split_cuda(unit, lower(schedule_for_cuda(func, target), target, sync_passes()))
+        return split_cuda(unit, lower(scheduled_as_built(func, target), target, sync_passes()))
     if target.kind.name != "llvm":
         raise NotFusable(f"wave fusion supports CPU (llvm) and CUDA targets, not {target.kind.name}")
     return split_cpu(unit, lower(func, target))

@@ -24,7 +24,6 @@ hold 1024-thread elementwise kernels, and a small-block member fills whole block
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 def _ceildiv(a: int, b: int) -> int:
