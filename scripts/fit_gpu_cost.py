@@ -18,6 +18,12 @@ latencies are ``sim:h100``'s, times one factor per model -- a nuisance parameter
 model is training data, and calibrated on its ``sequential + CUDA graph`` measurement alone when it is held out
 (that variant is then marked *calibration*, not a test).
 
+Today's builds: run ``d26`` (``docs/gpu_check.json``, the 2026-11-26 H100 run) has its own unit tables
+(``docs/unit_costs_h100_2026-11-26``, timed with ``number`` 10): each model of it is a unit group ``<model>@d26``,
+scheduled with today's defaults, its keep-alive calls are ``ffi.Array`` ones (``IssuedProgram.keepalive``), and it is
+summarised on its own rows (``<model> (2026-11-26)``). Every unit group carries its table's ``number``, so the fitted
+``timing_floor`` makes tables of different protocols comparable.
+
 Table stages: the cost tables' stages (chains and concurrent groups measured in isolation) are replayed as the
 table protocol (``passes.cost.program.table_protocol_program``) and fitted next to the whole programs, at most
 ``STAGES_PER_STRATUM`` per stratum and table, each table model's stages weighing ``STAGE_WEIGHT`` in total
@@ -93,6 +99,11 @@ class RunSpec:
     keep_alive: bool = True
     batch: int = 1
     note: str = ""
+    keepalive: str = "v1"          # how that build kept tensors alive (passes.cost.program.IssuedProgram.keepalive)
+    data_dir: str | None = None    # where the run file is (default: --data)
+    unit_dir: str | None = None    # the run's own unit tables (gpu_check build --unit-costs): every model of the run
+                                   # with one gets its own unit group "<model>@<key>", its stages are table samples
+    today: bool = False            # scheduled with today's defaults (schedule units, frontier blocks)
 
 
 RUNS = [
@@ -106,6 +117,10 @@ RUNS = [
     RunSpec("landed", "gpu_check_as_landed.json", keep_alive=False,
             note="as landed: the build had deleted the keep-alive calls (concurrent outputs racy; timing kept)"),
     RunSpec("b8", "gpu_check_batch8_keepalive_fixed.json", batch=8, note="batch 8, stage mode (transfer check)"),
+    RunSpec("d26", "gpu_check.json", keepalive="ffi", data_dir=os.path.join(ROOT, "docs"),
+            unit_dir=os.path.join(ROOT, "docs", "unit_costs_h100_2026-11-26"), today=True,
+            note="2026-11-26, H100, today's builds: WindowReduction pools, ffi.Array keep-alive, TVM's per-call "
+                 "events; its own unit tables (number 10, repeat 20)"),
 ]
 
 
@@ -124,6 +139,7 @@ class Data:
         self.group_source: dict[str, str] = {}         # unit group -> "table" | "sim"
         self.checks: list[dict] = []
         self.stage_samples: list[Sample] = []          # cost-table stages replayed as the table protocol
+        self.group_tables: dict[str, list[str]] = {}   # table unit group -> its cost-table files
 
 
 def _read_json(path: str):
@@ -146,17 +162,21 @@ def _plain_table(data_dir: str, name: str, tmp: str) -> str:
     return dst
 
 
-def _merged_table(model: str, data_dir: str, graph, tmp: str) -> str:
-    """One cost table holding the mean of every table of ``model`` (units and stages), fingerprint checked."""
+def _merged_table(model: str, data_dir: str, graph, tmp: str) -> tuple[str, float]:
+    """One cost table holding the mean of every table of ``model`` (units and stages), fingerprint checked, and the
+    effective ``number`` of its unit latencies: a mean of latencies timed with ``number`` n_i carries
+    ``timing_floor * mean(1 / n_i)``."""
     units: dict[str, list[float]] = {}
     stages: dict[str, dict] = {}
     head = None
+    inv_numbers = []
     for name in TABLES[model]:
         t = _read_json(os.path.join(data_dir, name))
         fp = t.get("graph_fingerprint")
         if fp != graph.fingerprint():
             raise SystemExit(f"{name}: graph fingerprint {fp} but the prepared {model} is {graph.fingerprint()}")
         head = head or t
+        inv_numbers.append(1.0 / float(t["number"]))
         for k, v in t["units"].items():
             units.setdefault(k, []).append(float(v))
         for st in t["stages"]:
@@ -169,7 +189,7 @@ def _merged_table(model: str, data_dir: str, graph, tmp: str) -> str:
     path = os.path.join(tmp, f"merged_{model}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(merged, f)
-    return path
+    return path, 1.0 / float(np.mean(inv_numbers))
 
 
 def _variant_label(sched: str, mode: str, cg: bool) -> str:
@@ -181,6 +201,7 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
     from tvm_interop.passes.cost import get_cost_model
     from tvm_interop.passes.cost.program import sum_stage_costs
     from tvm_interop.passes.lower_streams import plan_streams, resolve_stream_count
+    from tvm_interop.passes.merge import has_merges
     from tvm_interop.passes.schedulers import schedule_graph
     from tvm_interop.models import get_model
 
@@ -191,7 +212,7 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
     tmp = tempfile.mkdtemp(prefix="fit_gpu_cost_")
     try:
         for run in runs:
-            path = os.path.join(data_dir, run.file)
+            path = os.path.join(run.data_dir or data_dir, run.file)
             if not os.path.exists(path):
                 log(f"{run.file}: not found, skipped")
                 continue
@@ -207,7 +228,10 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                 name = m["name"]
                 if models and name not in models:
                     continue
-                if name not in TABLES and name not in SIM_MODELS:
+                run_table = os.path.join(run.unit_dir, f"{name}.json") if run.unit_dir else None
+                if run.unit_dir and not os.path.exists(run_table):
+                    continue
+                if not run.unit_dir and name not in TABLES and name not in SIM_MODELS:
                     continue
                 pk = (name, run.batch)
                 if pk not in programs:
@@ -221,30 +245,49 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                 if len(graph) != m["units"]:
                     raise SystemExit(f"{run.file}: {name} has {m['units']} units, reproduced {len(graph)}")
                 group = name if run.batch == 1 else f"{name}@b{run.batch}"
+                if run.unit_dir:
+                    group = f"{name}@{run.key}"
                 if group not in data.units:
-                    if name in TABLES and run.batch == 1:
-                        tpath = _merged_table(name, data_dir, graph, tmp)
-                        tables[name] = get_cost_model("table:" + tpath)
-                        lat = tables[name].units
+                    number = 0.0
+                    if run_table:
+                        t = _read_json(run_table)
+                        if t.get("graph_fingerprint") != graph.fingerprint():
+                            raise SystemExit(f"{run_table}: graph fingerprint {t.get('graph_fingerprint')} but the "
+                                             f"prepared {name} is {graph.fingerprint()}")
+                        tables[group] = get_cost_model("table:" + run_table)
+                        lat, number = tables[group].units, float(t["number"])
                         data.group_source[group] = "table"
+                        data.group_tables[group] = [run_table]
+                    elif name in TABLES and run.batch == 1:
+                        tpath, number = _merged_table(name, data_dir, graph, tmp)
+                        tables[group] = get_cost_model("table:" + tpath)
+                        lat = tables[group].units
+                        data.group_source[group] = "table"
+                        data.group_tables[group] = [os.path.join(data_dir, f) for f in TABLES[name]]
                     else:
                         lat = {u.name: sim.unit_latency(u) for u in graph.units}
                         data.group_source[group] = "sim"
                     kernel_time = data.group_source[group] == "sim"   # sim costs x factor = in-program kernel time
-                    data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time)
-                                         for u in graph.units}
+                    data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time,
+                                                  number) for u in graph.units}
                 recorded = {v["name"]: v for v in m["variants"]}
                 for sname in SCHEDULERS:
                     if sname not in recorded:
                         continue
                     opts = {"max_streams": MAX_STREAMS} if sname == "greedy" else {}
-                    # the runs predate schedule units and frontier blocks: reproduce them over kernels, cut points
-                    opts.update(unit_granularity="kernel", max_block_states=None)
+                    if not run.today:
+                        # these runs predate schedule units and frontier blocks: reproduce them over kernels, cut points
+                        opts.update(unit_granularity="kernel", max_block_states=None)
                     sched = schedule_graph(graph, sname, cost, model_name=name, **opts)
+                    if run.today and has_merges(sched):
+                        # today's build compiles a merged stage (IOS merge: one kernel for several units), which no
+                        # unit table times alone (the 2026-11-22 fits kept those runs' ios variants, as versions 1-2)
+                        log(f"  {run.key} {name} {sname}: IOS merge stages, skipped")
+                        continue
                     n = resolve_stream_count(MAX_STREAMS, sched.max_concurrency())
                     base = {"sim:h100": sum_stage_costs(sched, graph, sim)}
-                    if name in tables and run.batch == 1:
-                        base["table"] = sum_stage_costs(sched, graph, tables[name])
+                    if group in tables:
+                        base["table"] = sum_stage_costs(sched, graph, tables[group])
                     for mode in ("stage", "dependency"):
                         for cg in (False, True):
                             label = _variant_label(sname, mode, cg)
@@ -271,14 +314,14 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                                     copies[f"__out{k}"] = float(graph.unit(r.unit).outputs[r.index].nbytes) \
                                         if r.kind == "unit" else 0.0
                             prog = from_stream_program(sp, cuda_graph=cg, copy_bytes=copies,
-                                                       name=f"{name} {label}")
+                                                       name=f"{name} {label}", keepalive=run.keepalive)
                             recd = {"run": run.key, "model": name, "batch": run.batch, "group": group,
                                     "scheduler": sname, "mode": mode, "cuda_graph": cg, "variant": label,
                                     "measured_ms": rec["median_ms"], "min_ms": rec.get("min_ms"),
                                     "exact": rec.get("ok"), "stages": got[0], "max_concurrency": got[1],
                                     "num_streams": got[2], "ops": prog.summary(),
                                     "baseline_ms": {k: v * 1e3 for k, v in base.items()},
-                                    "keep_alive": run.keep_alive}
+                                    "keep_alive": run.keep_alive, "keepalive_kind": run.keepalive}
                             data.records.append(recd)
                             data.samples.append(Sample(prog, group, rec["median_ms"] * 1e-3,
                                                        label=f"{run.key} {name} {label}", key=program_key(prog)))
@@ -299,17 +342,26 @@ def _weights(idx: list[int], data: Data) -> None:
 
 
 def build_stage_samples(data_dir: str, data: Data) -> list[Sample]:
-    """The table stages of every table model (device data measured in isolation, not whole programs), stratified
-    (:func:`table_stage_samples`); each table model's stages weigh ``STAGE_WEIGHT`` in total."""
+    """The stages of every cost table behind a table unit group (device data measured in isolation, not whole
+    programs), stratified (:func:`table_stage_samples`); each group's stages weigh ``STAGE_WEIGHT`` in total. A stage
+    is simulated with the unit latencies of its own table and that table's ``number`` (a group merged from tables
+    of several protocols gets one unit group per table, ``<group>#<table>``)."""
     out: list[Sample] = []
-    for model, names in TABLES.items():
-        if model not in data.units:
+    for group, files in sorted(data.group_tables.items()):
+        if group not in data.units:
             continue
         mine: list[Sample] = []
-        for name in names:
-            t = _read_json(os.path.join(data_dir, name))
-            mine += table_stage_samples(t, data.units[model], model, per_stratum=STAGES_PER_STRATUM, seed=0,
-                                        label=name)
+        for path in files:
+            t = _read_json(path)
+            sub = group
+            if len(files) > 1:
+                sub = f"{group}#{os.path.basename(path)}"
+                n = float(t["number"])
+                data.units[sub] = {u: (float(t["units"][u]),) + tuple(v[1:4]) + (n,)
+                                   for u, v in data.units[group].items()}
+                data.group_source[sub] = "table"
+            mine += table_stage_samples(t, data.units[sub], sub, per_stratum=STAGES_PER_STRATUM, seed=0,
+                                        label=os.path.basename(path))
         for smp in mine:
             smp.weight = STAGE_WEIGHT / len(mine)
         out += mine
@@ -317,7 +369,7 @@ def build_stage_samples(data_dir: str, data: Data) -> list[Sample]:
 
 
 def base_params() -> ProgramCostParams:
-    base = ProgramCostParams().replace(**FIXED_AT)
+    base = ProgramCostParams().replace(**FIXED_AT).replace(host_keepalive_v1=9.8e-6, timing_floor=10e-6)
     base.interference.update(FIXED_INTERFERENCE)
     return base
 
@@ -329,7 +381,8 @@ def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
     samples = [data.samples[i] for i in idx] + list(data.stage_samples)
     scaled = sorted({s.group for s in samples if data.group_source[s.group] == "sim"})
     base = base_params()
-    start_list = [base.replace(fill_items=5e5, host_kernel=6e-6, host_keepalive=5e-6, kernel_scale=1.1)][:starts - 1]
+    start_list = [base.replace(fill_items=5e5, host_kernel=6e-6, host_keepalive=3e-6, host_keepalive_v1=5e-6,
+                               kernel_scale=1.1, timing_floor=5e-6)][:starts - 1]
     t0 = time.perf_counter()
     res = fit(samples, data.units, base=base, names=DEFAULT_FIT, scaled_groups=scaled,
               starts=start_list, iters=iters, priors=DEFAULT_PRIORS, tol=LM_TOL)
@@ -347,8 +400,11 @@ def _predict(data: Data, i: int, params: ProgramCostParams, scale: float = 1.0) 
     return simulate(s.prog, units, params).latency
 
 
+CALIBRATION_RUNS = ("fixed", "b8", "d26")   # the runs whose sequential + CUDA graph variant calibrates a unit group
+
+
 def _is_calibration(rec: dict) -> bool:
-    return (rec["scheduler"], rec["mode"], rec["cuda_graph"]) == CALIBRATION and rec["run"] in ("fixed", "b8")
+    return (rec["scheduler"], rec["mode"], rec["cuda_graph"]) == CALIBRATION and rec["run"] in CALIBRATION_RUNS
 
 
 def _fold_job(args):
@@ -357,26 +413,28 @@ def _fold_job(args):
     res = _fit(data, train, iters, starts, f"without {held}")
     test = [i for i, r in enumerate(data.records) if r["batch"] == 1 and r["model"] == held]
     out: dict[int, dict] = {}
-    scale = 1.0
-    if data.group_source[held] == "sim":
-        cal = [i for i in test if _is_calibration(data.records[i])]
-        scale = calibrate_scale([data.samples[i] for i in cal], data.units[held], res.params)
-        for i in cal:
-            out[i] = {"calibration": True}
-    for i in test:
-        out.setdefault(i, {})["heldout_ms"] = _predict(data, i, res.params, scale) * 1e3
-    cal_scale = None
-    if data.group_source[held] == "table":
-        # second reading (not the held-out test): the same fold's parameters with the model's measured unit
-        # latencies scaled by one factor calibrated on its sequential + CUDA graph variant, as the sim-unit models
-        # are; that variant is then calibration, not a test, in this column
-        cal = [i for i in test if _is_calibration(data.records[i])]
-        cal_scale = calibrate_scale([data.samples[i] for i in cal], data.units[held], res.params)
-        for i in test:
-            out[i]["heldout_cal_ms"] = _predict(data, i, res.params, cal_scale) * 1e3
-            if i in cal:
-                out[i]["cal_variant"] = True
-    return held, res.params.values(), scale, out, cal_scale
+    scales: dict[str, float] = {}
+    cal_scales: dict[str, float] = {}
+    for group in sorted({data.records[i]["group"] for i in test}):
+        mine = [i for i in test if data.records[i]["group"] == group]
+        cal = [i for i in mine if _is_calibration(data.records[i])]
+        scale = 1.0
+        if data.group_source[group] == "sim":
+            scale = scales[group] = calibrate_scale([data.samples[i] for i in cal], data.units[group], res.params)
+            for i in cal:
+                out[i] = {"calibration": True}
+        for i in mine:
+            out.setdefault(i, {})["heldout_ms"] = _predict(data, i, res.params, scale) * 1e3
+        if data.group_source[group] == "table" and cal:
+            # second reading (not the held-out test): the same fold's parameters with the group's measured unit
+            # latencies scaled by one factor calibrated on its sequential + CUDA graph variant, as the sim-unit
+            # groups are; that variant is then calibration, not a test, in this column
+            cs = cal_scales[group] = calibrate_scale([data.samples[i] for i in cal], data.units[group], res.params)
+            for i in mine:
+                out[i]["heldout_cal_ms"] = _predict(data, i, res.params, cs) * 1e3
+                if i in cal:
+                    out[i]["cal_variant"] = True
+    return held, res.params.values(), scales, out, cal_scales
 
 
 def evaluate(data: Data, iters: int, starts: int, jobs: int) -> dict:
@@ -397,8 +455,8 @@ def evaluate(data: Data, iters: int, starts: int, jobs: int) -> dict:
         folds = [_fold_job(a) for a in jobs_args]
     log(f"fits done in {time.perf_counter() - t0:.0f} s")
     fold_params = {}
-    for held, params, scale, out, cal_scale in folds:
-        fold_params[held] = {"params": params, "scale": scale, "table_calibration_scale": cal_scale}
+    for held, params, scales, out, cal_scales in folds:
+        fold_params[held] = {"params": params, "scales": scales, "table_calibration_scales": cal_scales}
         for i, d in out.items():
             recs[i].update(d)
     for i in b1:
@@ -418,11 +476,11 @@ def evaluate(data: Data, iters: int, starts: int, jobs: int) -> dict:
             if i in cal:
                 recs[i]["calibration"] = True
     stage_fit: dict[str, dict] = {}
-    for model in TABLES:
+    for group in sorted({smp.group.split("#")[0] for smp in data.stage_samples}):
         errs = [simulate(smp.prog, data.units[smp.group], res_all.params).latency / smp.measured - 1.0
-                for smp in data.stage_samples if smp.group == model]
+                for smp in data.stage_samples if smp.group.split("#")[0] == group]
         if errs:
-            stage_fit[model] = _stats(errs)
+            stage_fit[group] = _stats(errs)
     return {"all": res_all, "folds": fold_params, "batch8_scales": b8_scales, "stage_fit": stage_fit}
 
 
@@ -439,26 +497,43 @@ def _stats(errs: list[float]) -> dict:
             "within_10": int((a <= 0.10).sum()), "within_25": int((a <= 0.25).sum())}
 
 
+TODAY = "2026-11-26"   # the run of today's builds (RunSpec today=True): summarised on its own rows
+
+
+def _era(r: dict) -> str:
+    return TODAY if r["run"] == "d26" else ""
+
+
+def _stat_row(rs: list[dict]) -> dict:
+    tests = [r for r in rs if not r.get("calibration")]
+    row = {"variants": len(rs),
+           "heldout": _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in tests]),
+           "heldout_cal": _stats([_err(r.get("heldout_cal_ms"), r["measured_ms"]) for r in rs
+                                  if not r.get("cal_variant")]),
+           "insample": _stats([_err(r.get("insample_ms"), r["measured_ms"]) for r in rs]),
+           "sim:h100": _stats([_err(r["baseline_ms"]["sim:h100"], r["measured_ms"]) for r in rs])}
+    if rs and all("table" in r["baseline_ms"] for r in rs):
+        row["table"] = _stats([_err(r["baseline_ms"]["table"], r["measured_ms"]) for r in rs])
+    return row
+
+
 def summarize(data: Data) -> dict:
-    recs = data.records
+    """Rows per model of the 2026-11-22 runs (as versions 1 and 2 reported them), then per model of today's run
+    (``<model> (2026-11-26)``), each with ``ALL`` rows."""
+    recs = [r for r in data.records if r["batch"] == 1]
     out = {}
-    models = sorted({r["model"] for r in recs if r["batch"] == 1}, key=lambda m: (m not in TABLES, m))
-    for m in models + ["ALL (table models)"]:
-        if m.startswith("ALL"):
-            rs = [r for r in recs if r["batch"] == 1 and r["model"] in TABLES]
-        else:
-            rs = [r for r in recs if r["batch"] == 1 and r["model"] == m]
-        tests = [r for r in rs if not r.get("calibration")]
-        row = {"variants": len(rs),
-               "heldout": _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in tests]),
-               "heldout_cal": _stats([_err(r.get("heldout_cal_ms"), r["measured_ms"]) for r in rs
-                                      if not r.get("cal_variant")]),
-               "insample": _stats([_err(r.get("insample_ms"), r["measured_ms"]) for r in rs]),
-               "sim:h100": _stats([_err(r["baseline_ms"]["sim:h100"], r["measured_ms"]) for r in rs])}
-        if all("table" in r["baseline_ms"] for r in rs):
-            row["table"] = _stats([_err(r["baseline_ms"]["table"], r["measured_ms"]) for r in rs])
-        out[m] = row
-    b8 = [r for r in recs if r["batch"] != 1 and not r.get("calibration") and "transfer_ms" in r]
+    old = [r for r in recs if not _era(r)]
+    models = sorted({r["model"] for r in old}, key=lambda m: (m not in TABLES, m))
+    for m in models:
+        out[m] = _stat_row([r for r in old if r["model"] == m])
+    if old:
+        out["ALL (table models)"] = _stat_row([r for r in old if r["model"] in TABLES])
+    new = [r for r in recs if _era(r)]
+    for m in sorted({r["model"] for r in new}, key=lambda m: (m not in TABLES, m)):
+        out[f"{m} ({TODAY})"] = _stat_row([r for r in new if r["model"] == m])
+    if new:
+        out[f"ALL ({TODAY})"] = _stat_row(new)
+    b8 = [r for r in data.records if r["batch"] != 1 and not r.get("calibration") and "transfer_ms" in r]
     if b8:
         out["batch 8 (transfer)"] = {"variants": len(b8),
                                      "transfer": _stats([_err(r["transfer_ms"], r["measured_ms"]) for r in b8]),
@@ -517,6 +592,80 @@ V1_SUMMARY = {"inception_v3": {"heldout": (16.0, 35.4), "insample": (6.6, 18.0)}
               "batch 8 (transfer)": {"transfer": (9.2, 37.5)}}
 
 
+# version 2 (docs/gpu_cost_model.json at commit 2658944, fitted on the 2026-11-22 data only): held-out median / worst
+V2_SUMMARY = {"ALL (table models)": (10.6, 33.0), "ALL (every model)": (7.4, 39.0)}
+# version 2's parameters predicting the 2026-11-26 run from its unit tables (scripts/gpu_cost_transfer.py at 2658944,
+# docs/gpu_cost_transfer_h100.json): median / worst over 92 variants
+V2_TRANSFER = (14.0, 36.9)
+
+
+def _version3_section(data: Data, ev: dict, summary: dict) -> list[str]:
+    p: ProgramCostParams = ev["all"].params
+    L = ["## Version 3: today's builds (the 2026-11-26 H100 run) in the fit\n"]
+    new = [r for r in data.records if r["batch"] == 1 and _era(r)]
+    if not new:
+        L.append("Not in this fit (run `d26` missing).\n")
+        return L
+    n_models = len({r["model"] for r in new})
+    L.append(f"What changed (issue 12): the 2026-11-26 H100 run (`docs/gpu_check.json`: today's builds, TVM kernels with "
+             f"the `WindowReduction` pools, TVM's per-call events) enters the fit with its own unit tables "
+             f"(`docs/unit_costs_h100_2026-11-26`): {len(new)} variants of {n_models} models, every model with measured "
+             "units (no `sim:h100` factor). Two things differ from the 2026-11-22 builds and tables, and the model now "
+             "says so instead of absorbing them:\n")
+    L.append(f"* **The timing protocol of a unit table** (`timing_floor` = {p.timing_floor * 1e6:.1f} µs). The 2026-11-26 "
+             "tables were timed with `number` 10, those of 2026-11-22 with 5 (and 3): an isolated timing pays part of "
+             "its floor once per `number` calls (the first launch after the timer starts), so small kernels read "
+             "lower in the newer tables (1-2 µs per unit: median old − new 1.6 µs for RandWire's 276 units, 0.8 µs for "
+             "SqueezeNet's). The kernel map is now `kernel_scale * (isolated − timing_floor / number) + kernel_offset`, "
+             "with the table's `number` per unit group (a group merged from tables of several protocols: the "
+             "harmonic mean; its stages each with their own table). `ProgramCostModel` takes `number` from a "
+             "`TableCostModel` (or `timing_number=`), and refuses a whole table dict, so a table's latencies cannot be "
+             "used without the protocol that timed them.")
+    L.append(f"* **Keep-alive calls** (`host_keepalive` = {p.host_keepalive * 1e6:.2f} µs, `host_keepalive_v1` = "
+             f"{p.host_keepalive_v1 * 1e6:.2f} µs). Since `f9ea862` (2026-11-24) a build keeps tensors alive with "
+             "`ffi.Array` calls; the builds of the 2026-11-22 data called a VM function per chunk. The issued program "
+             "records which (`IssuedProgram.keepalive`); version 2 charged today's programs the old cost, which "
+             "overpredicted RandWire's and NASNet-A-mobile's direct multi-stream variants by 24-37 %.")
+    L.append("* **Table stages are only the units' own kernels**: a `library` stage (a cuDNN call timed alone, "
+             "`--unit-costs` with cuDNN) is not replayed as TVM kernels any more (`table_stage_samples`).\n")
+    L.append("Held-out (leave-one-model-out: the fold holds out every variant of the model, of both dates) and with "
+             "one calibration, today's run:\n")
+    L.append("| model | variants | held-out | held-out, 1 calibration | in-sample | table (stage sum) |\n"
+             "|---|---:|---|---|---|---|")
+    for m, row in summary.items():
+        if TODAY in m:
+            L.append(f"| {m.replace(f' ({TODAY})', '')} | {row['variants']} | {_fmt_stats(row['heldout'])} | "
+                     f"{_fmt_stats(row.get('heldout_cal'))} | {_fmt_stats(row['insample'])} | "
+                     f"{_fmt_stats(row.get('table'))} |")
+    row = summary.get(f"ALL ({TODAY})", {})
+    ho, hc = row.get("heldout", {}), row.get("heldout_cal", {})
+    old = summary.get("ALL (table models)", {}).get("heldout", {})
+    L.append("")
+    if ho.get("n"):
+        met = ho["median_abs"] <= 0.10 and ho["max_abs"] <= 0.25
+        L.append(f"Today's run, held out: median {ho['median_abs'] * 100:.1f} %, worst {ho['max_abs'] * 100:.1f} % "
+                 f"({ho['within_10']} of {ho['n']} within 10 %, {ho['within_25']} within 25 %): "
+                 f"{'met' if met else '**not met**'}. Version 2's parameters predicted the same variants with median "
+                 f"{V2_TRANSFER[0]:.1f} %, worst {V2_TRANSFER[1]:.1f} % (a transfer, not a fold).")
+    if hc.get("n"):
+        met = hc["median_abs"] <= 0.10 and hc["max_abs"] <= 0.25
+        L.append(f"With one calibration (`sequential + CUDA graph` of the model measured, not counted): median "
+                 f"{hc['median_abs'] * 100:.1f} %, worst {hc['max_abs'] * 100:.1f} % ({hc['within_10']} of {hc['n']} "
+                 f"within 10 %, {hc['within_25']} within 25 %): {'met' if met else '**not met**'}.")
+    if old.get("n"):
+        L.append(f"The 2026-11-22 table models, held out: median {old['median_abs'] * 100:.1f} %, worst "
+                 f"{old['max_abs'] * 100:.1f} % (version 2: {V2_SUMMARY['ALL (table models)'][0]:.1f} % / "
+                 f"{V2_SUMMARY['ALL (table models)'][1]:.0f} %).")
+    worst = sorted((r for r in new if r.get("heldout_ms") and not r.get("calibration")),
+                   key=lambda r: -abs(_err(r["heldout_ms"], r["measured_ms"])))[:4]
+    if worst:
+        L.append("\nThe worst held-out variants of today's run: " + "; ".join(
+            f"{r['model']} {r['variant']} {_pct(_err(r['heldout_ms'], r['measured_ms']))} "
+            f"(measured {r['measured_ms']:.3f} ms)" for r in worst) + ".")
+    L.append("")
+    return L
+
+
 def _same_program_spread(data: Data) -> dict[str, float]:
     """Per model, the largest spread (max / min - 1) of one program measured in several runs: the sequential
     variants (identical op lists in every run) -- what no model of the program can predict."""
@@ -532,7 +681,9 @@ def _same_program_spread(data: Data) -> dict[str, float]:
 
 
 def _version2_section(data: Data, ev: dict, summary: dict) -> list[str]:
-    L = ["## Version 2: the cost tables' stages in the fit\n"]
+    L = ["## Version 2: the cost tables' stages in the fit\n",
+         "(Numbers in this section: the 2026-11-22 variants, refitted by version 3; version 2's own are in *Version 3*.)"
+         "\n"]
     n_st = len(data.stage_samples)
     L.append("What changed (issue 12, deliverable 2):\n")
     L.append(f"* **Table stages are fitting data.** {n_st} stages of the three models' cost tables (at most "
@@ -551,7 +702,7 @@ def _version2_section(data: Data, ev: dict, summary: dict) -> list[str]:
              "the inception_v3 tables, see *The model*.\n")
     L.append("Held-out / in-sample |error|, median / worst, version 1 -> version 2:\n")
     L.append("| model | held-out v1 | held-out v2 | in-sample v1 | in-sample v2 |\n|---|---|---|---|---|")
-    allrow = [r for r in data.records if r["batch"] == 1 and not r.get("calibration")]
+    allrow = [r for r in data.records if r["batch"] == 1 and not r.get("calibration") and not _era(r)]
     st_all = _stats([_err(r.get("heldout_ms"), r["measured_ms"]) for r in allrow])
 
     def v1(m, k):
@@ -559,6 +710,8 @@ def _version2_section(data: Data, ev: dict, summary: dict) -> list[str]:
         return "—" if x is None else f"{x[0]:.1f}% / {x[1]:.0f}%"
 
     for m, row in summary.items():
+        if TODAY in m:
+            continue   # not in versions 1 and 2: see Version 3
         if m.startswith("batch 8"):
             L.append(f"| {m} | {v1(m, 'transfer')} | {_fmt_stats(row['transfer'])} | | |")
             continue
@@ -613,16 +766,18 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "events fired, concurrent kernels sharing the device as a fluid (a spatial convolution making no "
              "progress beside an avg_pool). It is fitted on two kinds of device data: whole programs (the gpu_check "
              "variants) and the cost tables' stages replayed as the table protocol times them. Generated by "
-             "`scripts/fit_gpu_cost.py` from `shared/gpu-data/h100-2026-11-22` "
+             "`scripts/fit_gpu_cost.py` from `shared/gpu-data/h100-2026-11-22` and the 2026-11-26 H100 run "
+             "(`docs/gpu_check.json`, `docs/unit_costs_h100_2026-11-26`) "
              f"({len(data.records)} measured variants, {seconds:.0f} s):\n")
     L.append(f"```\n{command}\n```\n")
     L.append("## The model\n")
     L.append("```\nhost:   t = call_overhead; per op: kernel +host_kernel, sync +host_sync, set +host_set, "
              "keep-alive call +host_keepalive\n"
+             "        (+host_keepalive_v1 in the builds of the 2026-11-22 data)\n"
              "        (CUDA graph: input copies direct, then one graph launch +graph_launch; nothing inside the graph "
              "costs host time)\n"
-             "device: kernel = rho * max(kernel_min, kernel_scale * isolated + kernel_offset), rho = program_scale in a "
-             "whole program,\n"
+             "device: kernel = rho * max(kernel_min, kernel_scale * (isolated - timing_floor / number) + kernel_offset),\n"
+             "        number = calls per timing of the unit's table, rho = program_scale in a whole program,\n"
              "        1 in the table protocol; after kernel_gap (graph_node_gap in a graph);\n"
              "        it may start launch_latency after its issue, when its stream is free; an event wait ends "
              "event_latency\n"
@@ -694,6 +849,7 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
              "could teach) and its ios variants, underpredicted even in-sample (conv/avg_pool interference, which "
              "that fit did not use).\n")
     L += _version2_section(data, ev, summary)
+    L += _version3_section(data, ev, summary)
     L.append("## Errors: |predicted / measured − 1|, median / worst\n")
     L.append("*held-out*: the model's variants predicted by parameters fitted without any of that model's "
              "whole-program measurements (leave-one-model-out; every fold fits on all cost tables' stages too, see "
@@ -707,7 +863,7 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
     for m, row in summary.items():
         if m.startswith("batch 8"):
             continue
-        src = "table" if m in TABLES or m.startswith("ALL") else "sim:h100 × factor"
+        src = "table" if m in TABLES or m.startswith("ALL") or TODAY in m else "sim:h100 × factor"
         L.append(f"| {m} | {src} | {row['variants']} | {_fmt_stats(row['heldout'])} | "
                  f"{_fmt_stats(row.get('heldout_cal'))} | "
                  f"{_fmt_stats(row['insample'])} | {_fmt_stats(row.get('table'))} | {_fmt_stats(row['sim:h100'])} |")

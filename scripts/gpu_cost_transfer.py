@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The fitted whole-program GPU model (``docs/gpu_cost_model.json``) predicting a later gpu_check run from that run's
-own unit tables: how well the model transfers to kernels and tables it was not fitted on.
+own unit tables: how well the model transfers to kernels and tables it was not fitted on (each table's ``number``,
+the calls per timing, goes with its latencies).
 
     python scripts/gpu_cost_transfer.py RUN/gpu_check.json RUN/unit_costs --out docs/gpu_cost_transfer.json
 
@@ -37,9 +38,10 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None) -> 
         if (models and name not in models) or not os.path.exists(table):
             continue
         with open(table, encoding="utf-8") as f:
-            units = json.load(f)["units"]
+            t = json.load(f)
         program = prepare_program(get_model(name), TARGET, name=name)
-        model = ProgramCostModel(units, params)
+        # the table's protocol (calls per timing) goes with its latencies: the model corrects for it
+        model = ProgramCostModel(t["units"], params, timing_number=int(t["number"]))
         recorded = {v["name"]: v for v in m["variants"]}
         for sname in SCHEDULERS:
             sched = schedule_graph(program.graph, sname, "sim:h100", model_name=name,

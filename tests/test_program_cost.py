@@ -15,12 +15,14 @@ from tvm_interop.passes.cost.program import (
     CALL,
     KERNEL,
     MAIN,
+    RELEASE,
     SET,
     SYNC,
     IssuedOp,
     IssuedProgram,
     ProgramCostModel,
     ProgramCostParams,
+    from_stream_program,
     issued_program,
     load_fitted,
     simulate,
@@ -89,6 +91,61 @@ def test_kernel_min_floors_the_map():
     p = quiet(kernel_scale=1.0, kernel_offset=-5 * US, kernel_min=1.5 * US)
     t = simulate(chain(2), units({"k0": 3 * US, "k1": 20 * US}), p)
     assert t.latency == pytest.approx(1.5 * US + 15 * US)
+
+
+def test_timing_floor_makes_tables_of_two_protocols_agree():
+    """A kernel timed with number 5 reads timing_floor * (1/5 - 1/10) higher than timed with number 10: both
+    readings map to the same device time; a unit without a number (a simulated cost) is not corrected."""
+    p = quiet(kernel_scale=1.1, kernel_offset=-1 * US, timing_floor=20 * US)
+    five = {"k0": (30 * US + 4 * US, SMALL, "other", False, 5)}
+    ten = {"k0": (30 * US + 2 * US, SMALL, "other", False, 10)}
+    want = 1.1 * 30 * US - 1 * US
+    assert simulate(chain(1), five, p).latency == pytest.approx(want)
+    assert simulate(chain(1), ten, p).latency == pytest.approx(want)
+    plain = {"k0": (30 * US, SMALL, "other", False, 0)}
+    assert simulate(chain(1), plain, p).latency == pytest.approx(1.1 * 30 * US - 1 * US)
+
+
+def test_keepalive_cost_follows_the_build_that_issued_it():
+    """Today's keep-alive (one ffi.Array call per chunk) costs host_keepalive; the builds of the 2026-11-22 data
+    (a VM function per chunk) host_keepalive_v1; a kind the model does not know is refused."""
+    p = quiet(host_keepalive=1 * US, host_keepalive_v1=10 * US)
+    ops = [IssuedOp(KERNEL, unit="k0"), IssuedOp(RELEASE, calls=3)]
+    lat = units({"k0": 1 * US})
+    assert simulate(IssuedProgram(ops), lat, p).host_end == pytest.approx(3 * US)
+    assert simulate(IssuedProgram(ops, keepalive="v1"), lat, p).host_end == pytest.approx(30 * US)
+
+    class _SP:
+        ops, num_streams, mode = [], 0, "stage"
+
+    with pytest.raises(InteropError, match="keep-alive kind"):
+        from_stream_program(_SP(), keepalive="python")
+
+
+def test_program_model_reads_the_protocol_of_its_table(tmp_path, small_squeezenet):
+    """Given a cost table, the model takes its ``number`` (the protocol its latencies were timed with); a whole
+    table dict is refused (its units and its number belong together), so is a number below 1."""
+    from tvm_interop.passes.cost.table import TableCostModel
+
+    graph = small_squeezenet.graph
+    t = {"format": "tvm-interop-cost-table", "version": 1, "number": 10, "repeat": 20,
+         "units": {u.name: 10 * US for u in graph.units}, "stages": []}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(t))
+    model = ProgramCostModel(TableCostModel(str(path)), quiet())
+    assert model.timing_number == 10
+    assert {v[4] for v in model.unit_inputs(graph).values()} == {10}
+    assert ProgramCostModel(t["units"], quiet()).timing_number is None
+    with pytest.raises(InteropError, match="number"):
+        ProgramCostModel(t, quiet())
+    with pytest.raises(InteropError, match="timing_number"):
+        ProgramCostModel(t["units"], quiet(), timing_number=-1)
+    # with a timing floor in the parameters, bare latencies must say how they were timed
+    floor = quiet(timing_floor=10 * US)
+    with pytest.raises(InteropError, match="timing_number"):
+        ProgramCostModel(t["units"], floor)
+    assert ProgramCostModel(t["units"], floor, timing_number=0).timing_number is None
+    assert ProgramCostModel(t["units"], floor, timing_number=5).timing_number == 5
 
 
 def two_streams(sync: bool) -> IssuedProgram:
@@ -310,7 +367,8 @@ def test_table_stage_samples_stratify_and_scale():
          "p0": (20 * US, SMALL, "avg_pool")}
     stages = [{"groups": [["c0"], ["p0"]], "latency": 90 * US}, {"groups": [["c1"], ["p0"]], "latency": 95 * US},
               {"groups": [["c0"], ["c1"]], "latency": 70 * US}, {"groups": [["c0", "c1"]], "latency": 108 * US},
-              {"groups": [["zz"], ["c0"]], "latency": 1e-3}, {"groups": [["c0"], ["c1"]], "latency": 0.0}]
+              {"groups": [["zz"], ["c0"]], "latency": 1e-3}, {"groups": [["c0"], ["c1"]], "latency": 0.0},
+              {"groups": [["c0"]], "latency": 9 * US, "strategy": "library"}]
     table = {"number": 3, "stages": stages}
     got = table_stage_samples(table, u, "g", per_stratum=1)
     assert len(got) == 3   # (2 groups, conv+pool) x1, (2 groups, conv) x1, (chain of 2, conv) x1
@@ -337,6 +395,28 @@ def test_fitter_separates_program_scale_with_table_stages():
     got, want = res.params.values(), truth.values()
     for k in names:
         assert got[k] == pytest.approx(want[k], rel=0.03, abs=0.05 * US), k
+    assert res.loss < 1e-6
+
+
+def test_fitter_recovers_the_timing_floor_from_two_protocols():
+    """One set of kernels timed with number 5 and with number 10 (table-protocol stages of each) and whole programs
+    of the number-10 table: the fit separates timing_floor from kernel_offset, which one protocol cannot."""
+    truth = quiet(kernel_scale=1.0, kernel_offset=-1 * US, timing_floor=15 * US, call_overhead=3 * US,
+                  host_kernel=2 * US, kernel_min=0.5 * US)
+    dev = {f"k{i}": (4 + 9 * i) * US for i in range(8)}
+    # isolated readings: device time + the floor amortised over each protocol (what the affine map inverts)
+    t5 = {k: (d + 1 * US + 15 * US / 5, SMALL, "other", False, 5) for k, d in dev.items()}
+    t10 = {k: (d + 1 * US + 15 * US / 10, SMALL, "other", False, 10) for k, d in dev.items()}
+    progs = [IssuedProgram([IssuedOp(KERNEL, unit=f"k{i}") for i in idx]) for idx in (range(8), [0, 2, 4])]
+    samples = [Sample(p, "g10", simulate(p, t10, truth).latency) for p in progs]
+    for g, lat, n in (("g5", t5, 5), ("g10", t10, 10)):
+        samples += [Sample(table_protocol_program([[k]], n), g, simulate(table_protocol_program([[k]], n), lat,
+                                                                         truth).latency) for k in dev]
+    names = ["kernel_offset", "timing_floor"]
+    res = fit(samples, {"g5": t5, "g10": t10}, base=truth.replace(kernel_offset=-4 * US, timing_floor=2 * US),
+              names=names, iters=60)
+    assert res.params.kernel_offset == pytest.approx(-1 * US, abs=0.05 * US)
+    assert res.params.timing_floor == pytest.approx(15 * US, rel=0.02)
     assert res.loss < 1e-6
 
 

@@ -23,7 +23,8 @@ program is asynchronous)::
     kernel          host_kernel      (VM dispatch + cuLaunchKernel; the kernel is enqueued on the current stream)
     sync(a -> b)    host_sync        (cudaEventCreate + Record on a + StreamWaitEvent on b + EventDestroy)
     set(s)          host_set         (runtime.Device_SetStream)
-    release         host_keepalive per keep-alive call (one per KEEPALIVE_CHUNK tensors)
+    release         host_keepalive per keep-alive call (one per KEEPALIVE_CHUNK tensors; host_keepalive_v1 for
+                    programs of the builds before 2026-11-24, IssuedProgram.keepalive == "v1")
 
 *Host* (CUDA graph, ``cuda_graph=True``). The input copies are launched directly (``host_kernel`` each), then
 the captured region is one graph launch (``graph_launch``): every op inside it is on the device at that moment
@@ -33,10 +34,12 @@ and costs the host nothing; the output copies are launched directly after it.
 start ``launch_latency`` after the host issued it and once everything before it on its stream is done:
 
 * a kernel first waits a fixed gap (``kernel_gap`` direct, ``graph_node_gap`` in a graph: launch processing
-  that does not occupy the SMs), then runs; alone it takes ``d = rho * max(kernel_min, kernel_scale * u +
-  kernel_offset)`` where ``u`` is the unit's **isolated latency** (a cost table's unit entry, or any
-  ``CostModel.unit_latency``): the isolated timing includes a host floor for tiny kernels, so the map from
-  isolated latency to device time is affine; ``rho`` is ``program_scale`` in a whole program and 1 in a stage
+  that does not occupy the SMs), then runs; alone it takes ``d = rho * max(kernel_min, kernel_scale * (u -
+  timing_floor / number) + kernel_offset)`` where ``u`` is the unit's **isolated latency** (a cost table's unit
+  entry, or any ``CostModel.unit_latency``) and ``number`` the calls per timing of the protocol that measured it
+  (the table's ``number``): the isolated timing includes a host floor for tiny kernels, so the map from isolated
+  latency to device time is affine, and part of that floor is paid once per timing (the first launch after the
+  timer starts), so a table timed with ``number`` 10 reads lower than one timed with 5 for the same kernel; ``rho`` is ``program_scale`` in a whole program and 1 in a stage
   replayed as the cost-table protocol (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower
   a kernel runs inside a program than timed alone, warm, a few calls back to back;
 * concurrent kernels share the device as a fluid (processor sharing): a kernel demands ``f = min(1, work items
@@ -78,18 +81,22 @@ from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.json_file import read_json
 
 PARAMS_FORMAT = "tvm-interop-program-cost"
-PARAMS_VERSION = 1
+PARAMS_VERSION = 2          # 2: timing_floor, host_keepalive_v1
 MAIN = -1                    # the caller's stream (as in passes.lower_streams)
 KEEPALIVE_CHUNK = 16         # tensors per keep-alive call (passes.lower_streams.KEEPALIVE_CHUNK)
 H100_FILL_ITEMS = 132 * 2048  # SMs x resident threads: the simulated device's capacity (passes.cost.simulated)
 
 # op codes of an IssuedProgram
 KERNEL, SYNC, SET, RELEASE, CALL = "kernel", "sync", "set", "release", "call"
+KEEPALIVE_KINDS = ("ffi", "v1")  # IssuedProgram.keepalive
 
 PARAM_DOCS: dict[str, str] = {
     "kernel_scale": "device time of a kernel per second of its isolated unit latency (dimensionless)",
-    "kernel_offset": "device time = kernel_scale * isolated + kernel_offset (s; negative: the isolated timing "
-                     "includes a per-call host floor)",
+    "kernel_offset": "device time = kernel_scale * (isolated - timing_floor / number) + kernel_offset (s; "
+                     "negative: the isolated timing includes a per-call host floor)",
+    "timing_floor": "the part of an isolated unit timing paid once per timing of `number` calls back to back (the "
+                    "first launch after the timer starts), so it adds timing_floor / number to the unit's latency "
+                    "(s); what makes tables timed with another `number` comparable",
     "program_scale": "a kernel's time inside a whole program per second of its device time in the isolated "
                      "(cost-table) protocol (dimensionless)",
     "kernel_min": "shortest in-program kernel (s)",
@@ -101,6 +108,8 @@ PARAM_DOCS: dict[str, str] = {
     "host_sync": "host time per runtime.Device_StreamSyncFromTo (event create/record/wait/destroy) (s)",
     "host_set": "host time per runtime.Device_SetStream (s)",
     "host_keepalive": "host time per keep-alive call (s)",
+    "host_keepalive_v1": "host time per keep-alive call of builds before 2026-11-24 (a VM function per chunk, "
+                         "before ffi.Array): describes the 2026-11-22 fitting data only (s)",
     "launch_latency": "from the host issuing an item to the earliest time the device can start it (s)",
     "kernel_gap": "device gap before each directly launched kernel, not occupying the SMs (s)",
     "event_latency": "device delay of a cross-stream event wait after the event fired (s)",
@@ -117,6 +126,7 @@ class ProgramCostParams:
 
     kernel_scale: float = 1.15
     kernel_offset: float = -3.0e-6
+    timing_floor: float = 0.0
     program_scale: float = 1.0
     kernel_min: float = 1.5e-6
     fill_items: float = float(H100_FILL_ITEMS)
@@ -126,6 +136,7 @@ class ProgramCostParams:
     host_sync: float = 3.0e-6
     host_set: float = 0.7e-6
     host_keepalive: float = 1.0e-6
+    host_keepalive_v1: float = 1.0e-6
     launch_latency: float = 3.0e-6
     kernel_gap: float = 0.5e-6
     event_latency: float = 1.0e-6
@@ -246,6 +257,9 @@ class IssuedProgram:
     # to back, warm), whose kernels take their device time; False: a whole program, whose kernels take
     # program_scale times that
     isolated: bool = False
+    # how the build kept tensors alive: "ffi" (today: one ffi.Array call per chunk, host_keepalive) or "v1" (the
+    # builds of the 2026-11-22 data: a VM function per chunk, host_keepalive_v1)
+    keepalive: str = "ffi"
 
     def count(self, kind: str) -> int:
         if kind == RELEASE:
@@ -262,7 +276,7 @@ class IssuedProgram:
 
 
 def from_stream_program(sp, cuda_graph: bool = False, copy_bytes: Mapping[str, float] | None = None,
-                        name: str = "") -> IssuedProgram:
+                        name: str = "", keepalive: str = "ffi") -> IssuedProgram:
     """An :class:`IssuedProgram` from a ``passes.lower_streams.StreamProgram`` (``release`` ops become keep-alive
     calls, one per :data:`KEEPALIVE_CHUNK` tensors, as the emitter chunks them)."""
     ops = []
@@ -281,8 +295,10 @@ def from_stream_program(sp, cuda_graph: bool = False, copy_bytes: Mapping[str, f
             ops.append(IssuedOp(RELEASE, calls=max(1, math.ceil(n / KEEPALIVE_CHUNK)), stage=o.stage))
         else:
             raise InteropError(f"unknown stream op {o.kind!r}")
+    if keepalive not in KEEPALIVE_KINDS:
+        raise InteropError(f"keep-alive kind {keepalive!r}: expected one of {KEEPALIVE_KINDS}")
     return IssuedProgram(ops, num_streams=sp.num_streams, mode=sp.mode, cuda_graph=cuda_graph, copy_bytes=copies,
-                         name=name)
+                         name=name, keepalive=keepalive)
 
 
 def table_protocol_program(groups, number: int = 5) -> IssuedProgram:
@@ -358,10 +374,12 @@ class Timeline:
 
 def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCostParams,
              trace: bool = False) -> Timeline:
-    """Run the timeline of ``prog``. ``units[name] = (isolated latency s, work items[, class[, kernel_time]])``
-    for every kernel that is not a copy (class: :func:`unit_class`, default ``"other"``; ``kernel_time`` true: the
-    first entry already is the in-program kernel time, e.g. a simulated unit cost times a calibrated factor, and
-    the isolated -> in-program map is skipped). See the module docstring."""
+    """Run the timeline of ``prog``. ``units[name] = (isolated latency s, work items[, class[, kernel_time[,
+    number]]])`` for every kernel that is not a copy (class: :func:`unit_class`, default ``"other"``; ``kernel_time``
+    true: the first entry already is the in-program kernel time, e.g. a simulated unit cost times a calibrated
+    factor, and the isolated -> in-program map is skipped; ``number``: calls per timing of the protocol that timed
+    the isolated latency, which then carries ``timing_floor / number``; absent or 0: no such correction). See the
+    module docstring."""
     p = params
     graph = prog.cuda_graph
     queues: list[list[tuple]] = []
@@ -383,6 +401,8 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
     ks = p.kernel_scale * rho
     ko = p.kernel_offset * rho
     kmin = p.kernel_min
+    floor = p.timing_floor
+    keepalive = p.host_keepalive_v1 if prog.keepalive == "v1" else p.host_keepalive
     fill = max(p.fill_items, 1e-9)
     lat = p.launch_latency
     ops = prog.ops
@@ -414,6 +434,8 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
                 if len(info) > 3 and info[3]:
                     d = u                     # given as in-program kernel seconds (no isolated -> in-program map)
                 else:
+                    if len(info) > 4 and info[4]:
+                        u -= floor / info[4]  # the timing's once-per-timing part, amortised over its calls
                     d = ks * u + ko
                     d = max(d, kmin * rho)
                 f = w / fill
@@ -435,7 +457,7 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
             cur = sid(o.a)
         elif k == RELEASE:
             if not in_graph:
-                t_h += p.host_keepalive * o.calls
+                t_h += keepalive * o.calls
         elif k == CALL:
             t_h += p.call_overhead
         else:
@@ -645,19 +667,34 @@ class ProgramCostModel:
     """Predicts a whole program's latency on a GPU.
 
     ``unit_latency``: isolated latency per unit name (seconds: a cost table's ``units``, or a ``CostModel`` whose
-    ``unit_latency`` is asked for each unit of the graph); ``params``: :class:`ProgramCostParams` (default: the
+    ``unit_latency`` is asked for each unit of the graph); ``timing_number``: calls per timing of the protocol that
+    measured them (a cost table's ``number``; taken from a ``TableCostModel``; ``0``: the latencies are not
+    timings and carry no per-timing floor, as a simulated cost; required with a mapping when the parameters have a
+    ``timing_floor``); ``params``: :class:`ProgramCostParams` (default: the
     fitted H100 set when ``docs/gpu_cost_model.json`` exists, else the defaults)::
 
-        model = ProgramCostModel(table.units, load_fitted())
+        model = ProgramCostModel(TableCostModel("costs.json"), load_fitted())   # its units and their timing protocol
         seconds = model.predict(program, schedule, mode="dependency", cuda_graph=True)
     """
 
-    def __init__(self, unit_latency, params: ProgramCostParams | None = None, max_streams: int = 8):
+    def __init__(self, unit_latency, params: ProgramCostParams | None = None, max_streams: int = 8,
+                 timing_number: int | None = None):
+        if timing_number is None:
+            timing_number = _table_number(unit_latency)
+        if timing_number is not None and not int(timing_number) >= 0:
+            raise InteropError(f"timing_number must be >= 1 (calls per timing of the unit table) or 0 (latencies "
+                               f"that are not timings), got {timing_number}")
         if params is None:
             try:
                 params = load_fitted()
             except InteropError:
                 params = ProgramCostParams()
+        if timing_number is None and isinstance(unit_latency, Mapping) and params.timing_floor > 0:
+            # measured latencies read lower the more calls one timing averages; without the protocol the kernel map
+            # would be off by up to timing_floor per unit (the 2026-11-26 tables against those of 2026-11-22)
+            raise InteropError("unit latencies given as a mapping: say how they were timed, timing_number=<the cost "
+                               "table's 'number'> (calls per timing), or timing_number=0 if they are not timings")
+        self.timing_number = int(timing_number) if timing_number else None
         self.params = params
         self.unit_latency = unit_latency
         self.max_streams = max_streams
@@ -673,7 +710,7 @@ class ProgramCostModel:
                 x = float(lat[u.name])
             else:
                 x = float(lat.unit_latency(u))
-            out[u.name] = (x, work_items(u), unit_class(u))
+            out[u.name] = (x, work_items(u), unit_class(u), False, self.timing_number or 0)
         return out
 
     def simulate(self, program, schedule, mode: str = "stage", cuda_graph: bool = False,
@@ -687,6 +724,16 @@ class ProgramCostModel:
 
     def predict_issued(self, prog: IssuedProgram, units: Mapping[str, tuple[float, float]]) -> float:
         return simulate(prog, units, self.params).latency
+
+
+def _table_number(unit_latency) -> int | None:
+    """The ``number`` of the table behind ``unit_latency`` (a ``TableCostModel`` or a cost-table dict), else None."""
+    table = getattr(unit_latency, "table", None)
+    if isinstance(unit_latency, Mapping) and unit_latency.get("format") == "tvm-interop-cost-table":
+        raise InteropError("pass a cost table's 'units' and its 'number' (timing_number), not the whole table")
+    if isinstance(table, Mapping) and table.get("number"):
+        return int(table["number"])
+    return None
 
 
 def work_items(unit) -> float:

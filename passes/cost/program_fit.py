@@ -46,6 +46,8 @@ TRANSFORMS: dict[str, str] = {
     "host_sync": "abs_us",
     "host_set": "abs_us",
     "host_keepalive": "abs_us",
+    "host_keepalive_v1": "abs_us",
+    "timing_floor": "abs_us",
     "launch_latency": "abs_us",
     "kernel_gap": "abs_us",
     "event_latency": "abs_us",
@@ -66,8 +68,12 @@ TRANSFORMS: dict[str, str] = {
 # program_scale and call_overhead (version 2): identified by the cost tables' stages replayed as the table protocol
 # (table_stage_samples): call_overhead is the per-call floor of those timings, and the stages pin the
 # isolated -> device map (kernel_scale, kernel_offset) so that program_scale is what whole programs add to it.
+# timing_floor and host_keepalive_v1 (version 3): the unit tables of 2026-11-26 were timed with another `number`
+# (10, the 2026-11-22 tables with 5 and 3), which identifies the once-per-timing part of an isolated latency; and the
+# builds of 2026-11-22 kept tensors alive with a VM function per chunk, today's with ffi.Array, two host costs.
 DEFAULT_FIT: list[str] = ["kernel_scale", "kernel_offset", "program_scale", "fill_items", "host_kernel", "host_sync",
-                          "host_keepalive", "event_latency", "graph_event_latency", "call_overhead"]
+                          "host_keepalive", "host_keepalive_v1", "event_latency", "graph_event_latency",
+                          "call_overhead", "timing_floor"]
 FIXED_AT: dict[str, float] = {"tail": 0.0, "launch_latency": 0.0, "kernel_gap": 0.0,
                               "graph_node_gap": 0.0, "host_set": 0.0, "graph_launch": 0.0, "kernel_min": 1.0e-6}
 # A spatial convolution beside an avg_pool2d kernel (TVM's default CUDA kernels on the H100): in the cost tables
@@ -128,7 +134,7 @@ class Sample:
 
 def program_key(prog: IssuedProgram) -> tuple:
     """A hashable identity of the issued program (ops and CUDA-graph flag)."""
-    return (prog.cuda_graph, prog.isolated, tuple((o.kind, o.a, o.b, o.unit, o.calls) for o in prog.ops),
+    return (prog.cuda_graph, prog.isolated, prog.keepalive, tuple((o.kind, o.a, o.b, o.unit, o.calls) for o in prog.ops),
             tuple(sorted(prog.copy_bytes.items())))
 
 
@@ -268,7 +274,9 @@ def table_stage_samples(table: Mapping, units: Mapping[str, tuple], group: str, 
     (:func:`~passes.cost.program.table_protocol_program`, measured = stage latency x ``number``): device data on
     chains and concurrent groups measured in isolation, no whole-program measurement. A table holds thousands of
     stages, mostly of a few kinds, so at most ``per_stratum`` per stratum (number of groups, chain length up to 3,
-    the set of unit classes in the stage; drawn with ``seed``) are taken, single units included."""
+    the set of unit classes in the stage; drawn with ``seed``) are taken, single units included. Only stages of the
+    units' own kernels on streams (strategy ``concurrent``) replay this protocol: a ``library`` stage times a
+    cuDNN call instead and is skipped."""
     import random
 
     from .program import table_protocol_program
@@ -276,6 +284,8 @@ def table_stage_samples(table: Mapping, units: Mapping[str, tuple], group: str, 
     n = int(number or table.get("number") or 5)
     strata: dict[tuple, list] = {}
     for st in table.get("stages", []):
+        if st.get("strategy", "concurrent") != "concurrent":
+            continue   # a library call ("library:<unit>", cuDNN) or a merged kernel: not the units' own kernels
         gs = [list(g) for g in st["groups"] if len(g)]
         if not gs or not st.get("latency", 0) > 0 or any(u not in units for g in gs for u in g):
             continue
