@@ -20,6 +20,9 @@ that needs the compiler happens here, the device only loads and runs. ``scripts/
     from such a table the entry ``MODEL+auto`` (``units="auto"``: per unit, whichever measured faster). The
     per-unit choice thus takes two device calls, with a build here between them.
 
+    ``--schedule MODEL:LABEL=FILE`` (repeatable) adds a schedule made elsewhere (``tvm-interop schedule -o``: the pick
+    of an active device search, ``--active``) as the variants ``LABEL``, checked against the model like any schedule.
+
     ``--tuned MODEL=DIR`` (repeatable) adds the entry ``MODEL+tuned``: the same libraries built with the kernels of a
     MetaSchedule database (tuned through ``tvm-interop tune --bundle``/``--import`` rounds or ``--rpc``), so one run
     compares default and tuned kernels, each against its own plain TVM reference.
@@ -120,6 +123,9 @@ def main(argv=None) -> int:
     b.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                    help="also build MODEL with the kernels of this tuning database (`tvm-interop tune --bundle/"
                         "--import` or `--rpc`): a second entry MODEL+tuned, every variant with tuned kernels")
+    b.add_argument("--schedule", action="append", default=[], metavar="MODEL:LABEL=FILE",
+                   help="also build this schedule JSON (`tvm-interop schedule -o`, e.g. the pick an active device "
+                        "search shipped) as MODEL's variants LABEL, LABEL (dependency), ... beside the schedulers'")
     b.add_argument("--unit-costs", default="", metavar="MODELS",
                    help="comma-separated models (or all) that also get a unit bundle: every unit alone and, on CUDA, "
                         "every offloadable one as its cuDNN / cuBLAS call; the run measures it into "

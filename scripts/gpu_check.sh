@@ -87,6 +87,15 @@ case "$step" in
     [ $# -ge 1 ] || { echo "usage: scripts/gpu_check.sh tuning-round BUNDLE_DIR" >&2; exit 2; }
     exec python3 -m tvm_interop.runtime.tuning_bundle "$1" -o "${OUT:-gpu_check_out}/tune_results.json" --device cuda
     ;;
+  profile-round)
+    # one round of an active device search (`tvm-interop schedule MODEL --active DIR`: carry DIR and the build's
+    # directory for its runtime kit), or any profiling bundle, measured here; then `tvm-interop schedule MODEL
+    # --active DIR --import` the table (the search continues, and ships the pick with the lowest measured program)
+    runtime_kit
+    [ $# -ge 1 ] || { echo "usage: scripts/gpu_check.sh profile-round BUNDLE_DIR" >&2; exit 2; }
+    mkdir -p "${OUT:-gpu_check_out}"
+    exec python3 -m tvm_interop.runtime.profile_bundle "$1" -o "${OUT:-gpu_check_out}/costs.json"
+    ;;
   diagnose)
     # the race check: every concurrent variant several times, then serialized (CUDA_LAUNCH_BLOCKING=1)
     runtime_kit
@@ -98,7 +107,7 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | report RESULT.json [--name N]" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | profile-round BUNDLE_DIR | report RESULT.json [--name N]" >&2
     exit 2
     ;;
 esac

@@ -359,6 +359,43 @@ def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
     assert r.returncode != 0 and "need a CUDA target" in r.stderr
 
 
+def test_build_with_a_schedule_file_adds_its_variants(tmp_path):
+    """``build --schedule MODEL:LABEL=FILE``: a schedule made elsewhere (here lios's, saved as ``tvm-interop schedule
+    -o`` writes it) becomes the variants LABEL of that model and runs like the schedulers' own; a schedule of
+    another model is refused by name, a malformed spec too."""
+    import tvm_interop
+    from tvm_interop.models import get_model
+    from tvm_interop.passes.schedulers import schedule_graph
+
+    mod = get_model("squeezenet", batch_size=1, image_size=32, width=0.125)
+    program = tvm_interop.api.prepare_program(mod, {"kind": "llvm"}, name="squeezenet")
+    path = str(tmp_path / "pick.json")
+    schedule_graph(program.graph, "lios", "sim:h100", model_name="squeezenet").save(path)
+    d = str(tmp_path / "build")
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "sequential", "--modes", "stage",
+            "--schedule", f"squeezenet:active={path}", "--schedule", f"resnet50:active={path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = {v["name"] for v in json.load(open(os.path.join(d, "manifest.json")))["models"][0]["variants"]}
+    assert {"active", "active + CUDA graph", "sequential"} <= names
+    env, _ = _runtime_only_env(tmp_path)
+    out = str(tmp_path / "out")
+    r = _gc("run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "0", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.load(open(os.path.join(out, "gpu_check.json")))
+    assert [v["ok"] for v in result["models"][0]["variants"] if v["name"] == "active"] == [True]
+    other = str(tmp_path / "other.json")
+    tiny = tvm_interop.api.prepare_program(get_model("squeezenet", batch_size=1, image_size=32, width=0.25),
+                                           {"kind": "llvm"}, name="squeezenet")
+    schedule_graph(tiny.graph, "sequential", "sim:h100", model_name="squeezenet").save(other)
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "sequential", "--schedule", f"squeezenet:active={other}")
+    assert r.returncode != 0 and "different model" in r.stderr
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit",
+            "--schedule", f"squeezenet:my pick={path}")
+    assert r.returncode != 0 and "MODEL:LABEL=FILE" in r.stderr
+
+
 def test_report_prices_one_reused_event():
     """The report sets each '[events]' variant against its twin with TVM's per-call event: same program, same
     number of events, so the difference per event is the saving (an illustrative result, not a measurement)."""

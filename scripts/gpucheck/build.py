@@ -204,13 +204,17 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
     from tvm_interop.passes.schedulers import available_schedulers, schedule_graph
 
     out = []
+    made = []   # (spec, label, schedule)
     for spec in [s for s in ctx.args.schedulers.split(",") if s]:
         sname = spec.removesuffix(WAVE)
         if sname not in available_schedulers():
             log(f"  {name}: scheduler {sname} not available, skipped")
             continue
         opts = {"max_streams": ctx.args.max_streams} if sname == "greedy" else {}
-        sched = schedule_graph(program.graph, sname, ctx.args.cost, model_name=name, **opts)
+        made.append((spec, sname, schedule_graph(program.graph, sname, ctx.args.cost, model_name=name, **opts)))
+    made += [(label, label, sched) for label, sched in schedule_files(getattr(ctx.args, "schedule", []), name,
+                                                                       program.graph)]
+    for spec, sname, sched in made:
         prog, recipe = program, None
         if has_merges(sched):   # IOS's merge stages run as merged kernels, as tvm_interop.compile builds them
             merges = sum(st.strategy == "merge" for st in sched.stages)
@@ -236,6 +240,29 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
                     continue   # nothing to order (one stream): the same program as with TVM's sync
                 check_lowered(low.mod, ctx.target).raise_if_unsafe()
                 out.append((spec, mode, prefix, low, sched, recipe))
+    return out
+
+
+def schedule_files(specs: list[str], model: str, graph) -> list[tuple[str, Any]]:
+    """The ``--schedule MODEL:LABEL=FILE`` schedules of ``model``: ``(label, Schedule)``, each validated against the
+    model's graph (a schedule of another model, or one that misses or repeats a unit, is refused by name)."""
+    from tvm_interop.passes.schedule import Schedule
+    from tvm_interop.runtime.errors import InteropError
+
+    out = []
+    for spec in specs:
+        head, eq, path = spec.partition("=")
+        m, colon, label = head.partition(":")
+        if not (eq and colon and m and path and label.isidentifier()):
+            raise SystemExit(f"--schedule {spec!r}: expected MODEL:LABEL=FILE, LABEL a name (letters, digits, _)")
+        if m != model:
+            continue
+        try:
+            sched = Schedule.load(path)
+            sched.validate(graph)
+        except InteropError as e:
+            raise SystemExit(f"--schedule {spec!r}: {e}") from None
+        out.append((label, sched))
     return out
 
 
