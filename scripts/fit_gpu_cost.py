@@ -672,7 +672,7 @@ def _version3_section(data: Data, ev: dict, summary: dict) -> list[str]:
              f"{p.host_keepalive_v1 * 1e6:.2f} µs). Since `f9ea862` (2026-11-24) a build keeps tensors alive with "
              "`ffi.Array` calls; the builds of the 2026-11-22 data called a VM function per chunk. The issued program "
              "records which (`IssuedProgram.keepalive`); version 2 charged today's programs the old cost, which "
-             "overpredicted RandWire's and NASNet-A-mobile's direct multi-stream variants by 24-37 %.")
+             "overpredicted RandWire's and NASNet-A-mobile's direct multi-stream variants by up to 37 % (transfer below).")
     gaps = _launch_gaps(data)
     if gaps:
         L.append(f"* **A device gap per direct launch** (`kernel_gap` = {p.kernel_gap * 1e6:.2f} µs, fitted again; "
