@@ -132,3 +132,78 @@ def test_cli_active_round_trip(tmp_path, capsys):
     assert out["status"] == "done" and out["measured_ms"] > 0 and os.path.exists(sched_path)
     assert main(["schedule", "squeezenet", "--import", "x.json"]) == 1
     assert "belong to --active" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- a table for a device
+def test_a_measured_table_answers_the_rounds(program, tmp_path):
+    """passes/table_device.py: a cost table measured once (here: this CPU, a first search's round-1 bundle) answers
+    a second search's rounds: its stages exactly, a stage it lacks composed from units and counted, whole programs
+    predicted by the program model; the search ships, tied to the stand-in; a table of another model is refused."""
+    from tvm_interop.passes.table_device import STAND_IN_METHOD, answer_bundle
+
+    env, _ = runtime_only_env(tmp_path)
+    first = device_search(program, "llvm", str(tmp_path / "first"), top_k=2, rounds=1)
+    table_path = _measure(first.bundle, env)
+    table = json.load(open(table_path))
+    got = answer_bundle(first.bundle, table_path, program.graph)
+    assert got["method"] == STAND_IN_METHOD and "[stand-in: costs.json]" in got["device"]
+    assert {s["key"]: s["latency"] for s in got["stages"]} == {s["key"]: s["latency"] for s in table["stages"]}
+    assert got["stand_in"]["composed_stages"] == 0 and len(got["programs"]) == len(table["programs"])
+    assert all(p["latency"] > 0 for p in got["programs"])
+    # a stage the table lacks: composed from its units' latencies (the longest group), and counted
+    multi = next(s for s in table["stages"] if len(s["groups"]) > 1)
+    thin = dict(table, stages=[s for s in table["stages"] if s["key"] != multi["key"]])
+    thin_path = str(tmp_path / "thin.json")
+    json.dump(thin, open(thin_path, "w"))
+    got = answer_bundle(first.bundle, thin_path, program.graph)
+    row = next(s for s in got["stages"] if s["key"] == multi["key"])
+    assert got["stand_in"]["composed_stages"] == 1
+    assert row["latency"] == pytest.approx(max(sum(table["units"][u] for u in g) for g in multi["groups"]))
+    # the whole loop, every round answered by the table
+    d = str(tmp_path / "second")
+    res = device_search(program, "llvm", d, top_k=2, rounds=3)
+    while res.status == "waiting":
+        answer = os.path.join(res.bundle, "costs.json")
+        answer_bundle(res.bundle, table_path, program.graph, out=answer)
+        res = device_search(program, "llvm", d, top_k=2, rounds=3, import_path=answer)
+    assert res.status == "done" and "stand-in" in res.schedule.search["device_search"]["device"]
+    # a table of another model (here: batch 2) answers nothing
+    from tvm_interop.api import load_module, prepare_program
+
+    mod, name = load_module("squeezenet", batch_size=2, image_size=32, width=0.125)
+    with pytest.raises(InteropError, match="another model or batch size"):
+        answer_bundle(first.bundle, table_path, prepare_program(mod, "llvm", name=name).graph)
+
+
+def test_cli_stand_in_needs_active_and_excludes_import(tmp_path, capsys):
+    from tvm_interop.cli import main
+
+    assert main(["schedule", "squeezenet", "--stand-in", "t.json"]) == 1
+    assert "belong to --active" in capsys.readouterr().err
+    assert main(["schedule", "squeezenet", "--active", str(tmp_path / "a"), "--stand-in", "t.json",
+                 "--import", "r.json"]) == 1
+    assert "not with --rpc or --import" in capsys.readouterr().err
+
+
+H100 = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared",
+                    "gpu-data", "h100-2026-11-22", "costs_squeezenet_r2s3b8.json")
+
+
+@pytest.mark.skipif(not os.path.exists(H100), reason="the shared H100 tables are not beside this checkout")
+def test_h100_table_answers_a_cuda_search(tmp_path, capsys):
+    """With the shared H100 table of SqueezeNet (real device measurements) standing in for the GPU, a CUDA active
+    search runs to the end here: every round answered, a pick shipped, its stages the table's measurements."""
+    import shutil
+
+    from tvm_interop.cli import main
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found: CUDA bundles cannot be built here")
+    out = str(tmp_path / "pick.json")
+    assert main(["schedule", "squeezenet", "--active", str(tmp_path / "a"), "--stand-in", H100, "--rounds", "3",
+                 "-o", out, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["status"] == "done" and res["shipped"] and res["measured_ms"] > 0
+    assert all(h["programs_measured"] >= 1 for h in res["history"])
+    assert json.load(open(out))["search"]["device_search"]["device"].endswith(
+        "[stand-in: costs_squeezenet_r2s3b8.json]")

@@ -301,6 +301,21 @@ def from_stream_program(sp, cuda_graph: bool = False, copy_bytes: Mapping[str, f
                          name=name, keepalive=keepalive)
 
 
+def stage_ops(groups) -> list[IssuedOp]:
+    """One stage as a profiling bundle's stage or program function issues it (``passes.profile_bundle``): a single
+    group on the caller's stream; several groups forked onto a stream each by events, and joined back."""
+    groups = [list(g) for g in groups if len(g)]
+    if len(groups) == 1:
+        return [IssuedOp(KERNEL, unit=u) for u in groups[0]]
+    ops = [IssuedOp(SYNC, MAIN, i) for i in range(len(groups))]
+    for i, g in enumerate(groups):
+        ops.append(IssuedOp(SET, i))
+        ops += [IssuedOp(KERNEL, unit=u) for u in g]
+    ops.append(IssuedOp(SET, MAIN))
+    ops += [IssuedOp(SYNC, i, MAIN) for i in range(len(groups))]
+    return ops
+
+
 def table_protocol_program(groups, number: int = 5) -> IssuedProgram:
     """A cost-table stage as ``runtime.profile_bundle`` times it: its stage function called ``number`` times back to
     back (``time_evaluator``), each call a VM entry (``call_overhead``; ``call`` ops after the first), then, with
@@ -315,15 +330,7 @@ def table_protocol_program(groups, number: int = 5) -> IssuedProgram:
     for k in range(max(1, int(number))):
         if k:
             ops.append(IssuedOp(CALL))   # the first call's entry is the simulation's call_overhead
-        if len(groups) == 1:
-            ops += [IssuedOp(KERNEL, unit=u) for u in groups[0]]
-            continue
-        ops += [IssuedOp(SYNC, MAIN, i) for i in range(len(groups))]
-        for i, g in enumerate(groups):
-            ops.append(IssuedOp(SET, i))
-            ops += [IssuedOp(KERNEL, unit=u) for u in g]
-        ops.append(IssuedOp(SET, MAIN))
-        ops += [IssuedOp(SYNC, i, MAIN) for i in range(len(groups))]
+        ops += stage_ops(groups)
     return IssuedProgram(ops, num_streams=len(groups) if len(groups) > 1 else 0, isolated=True,
                          name="stage " + ";".join("|".join(g) for g in groups))
 
@@ -769,6 +776,7 @@ __all__ = [
     "issued_program",
     "load_fitted",
     "simulate",
+    "stage_ops",
     "sum_stage_costs",
     "table_protocol_program",
     "unit_class",

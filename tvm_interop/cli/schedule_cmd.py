@@ -15,6 +15,8 @@ each candidate with ``--inner-scheduler`` (default ios); it needs the model itse
 """
 from __future__ import annotations
 
+import os
+
 import time
 
 from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
@@ -77,6 +79,10 @@ def register(sub) -> None:
     g.add_argument("--target", default=None,
                    help="--active: the target the kernels are built for (default cuda; llvm for CPU devices)")
     g.add_argument("--rounds", type=int, default=4, help="--active: rounds at most (default 4)")
+    g.add_argument("--stand-in", default=None, metavar="TABLE",
+                   help="--active: answer every round from this measured cost table instead of a device (its "
+                        "stages as measured, whole programs predicted by the fitted program model: "
+                        "passes/table_device.py), until the search ships; the directory stays tied to that stand-in")
     p.add_argument("--rules", default=None, metavar="R1,R2",
                    help="autograph: only these substitution rules (default: all; see passes.substitutions.RULES)")
     p.add_argument("--max-part-nodes", type=int, default=None, metavar="N",
@@ -195,10 +201,12 @@ def run(args) -> int:
     from tvm_interop.runtime.errors import InteropError
 
     if args.active:
+        if args.stand_in and (args.rpc or args.import_results):
+            raise InteropError("--stand-in answers the rounds itself: not with --rpc or --import")
         with fleet_from_args(args) as fleet:
             return _run_active(args, fleet)
-    if args.import_results or args.target:
-        raise InteropError("--import and --target belong to --active DIR")
+    if args.import_results or args.target or args.stand_in:
+        raise InteropError("--import, --target and --stand-in belong to --active DIR")
     if args.rpc and not is_timed_cost(args.cost):
         raise InteropError(f"--rpc times stages on remote devices: it needs --cost measured or learned, not "
                            f"{args.cost!r} (for a GPU: profile-bundle, profile-measure --rpc, --cost table:FILE)")
@@ -379,10 +387,23 @@ def _run_active(args, fleet) -> int:
     status(args, f"preparing {args.model} for {target} ...")
     mod, name = load_module(args.model, batch_size=args.batch, image_size=args.image_size, width=args.width)
     program = prepare_program(mod, target, name=name, layout=args.layout or "auto")
+    def search(import_path):
+        return device_search(program, target, args.active, scheduler=args.scheduler, top_k=args.top_k or 3,
+                             rounds=args.rounds, fleet=fleet, import_path=import_path, model_name=name,
+                             batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+
     with progress_logging(args):
-        res = device_search(program, target, args.active, scheduler=args.scheduler, top_k=args.top_k or 3,
-                            rounds=args.rounds, fleet=fleet, import_path=args.import_results, model_name=name,
-                            batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+        res = search(args.import_results)
+        while args.stand_in and res.status == "waiting":
+            from tvm_interop.passes.table_device import answer_bundle
+
+            answer = os.path.join(res.bundle, "costs.json")
+            got = answer_bundle(res.bundle, args.stand_in, program.graph, out=answer)
+            status(args, f"{os.path.basename(res.bundle)} answered by {args.stand_in}: "
+                         f"{got['stand_in']['table_stages']} stages from the table, "
+                         f"{got['stand_in']['composed_stages']} composed from its units, "
+                         f"{len(got['programs'])} programs predicted")
+            res = search(answer)
     if res.schedule is not None and args.output:
         res.schedule.save(args.output)
     out = {"status": res.status, "directory": res.directory, "bundle": res.bundle,
