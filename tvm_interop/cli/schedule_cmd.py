@@ -414,13 +414,16 @@ def _run_active(args, fleet) -> int:
     if args.json:
         print_json(out)
         return 0
+    # a stand-in's whole-program numbers are the program model's predictions, not measurements: say so
+    measured = "stand-in (program model)" if args.stand_in else "measured"
     for c in res.candidates:
-        meas = "not measured yet" if c["measured_ms"] is None else f"measured {c['measured_ms']:.3f} ms"
+        meas = "not measured yet" if c["measured_ms"] is None else f"{measured} {c['measured_ms']:.3f} ms"
         print(f"  {c['name']:<16} predicted {c['predicted_ms']:.3f} ms, {meas}")
     if res.status == "waiting":
         print(f"round waiting for the device: {res.measure_command}")
         print(f"then: this command again with --import {res.bundle}/costs.json")
     else:
-        print(f"shipped {out['shipped']}: measured {out['measured_ms']:.3f} ms on {res.schedule.search['device_search']['device']}"
+        print(f"shipped {out['shipped']}: {measured} {out['measured_ms']:.3f} ms on "
+              f"{res.schedule.search['device_search']['device']}"
               + (f" -> {args.output}" if args.output else ""))
     return 0
