@@ -39,9 +39,10 @@ start ``launch_latency`` after the host issued it and once everything before it 
   entry, or any ``CostModel.unit_latency``) and ``number`` the calls per timing of the protocol that measured it
   (the table's ``number``): the isolated timing includes a host floor for tiny kernels, so the map from isolated
   latency to device time is affine, and part of that floor is paid once per timing (the first launch after the
-  timer starts), so a table timed with ``number`` 10 reads lower than one timed with 5 for the same kernel; ``rho`` is ``program_scale`` in a whole program and 1 in a stage
-  replayed as the cost-table protocol (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower
-  a kernel runs inside a program than timed alone, warm, a few calls back to back;
+  timer starts), so a table timed with ``number`` 10 reads lower than one timed with 5 for the same kernel;
+  ``rho`` is ``program_scale`` in a whole program and 1 in a stage replayed as the cost-table protocol
+  (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower a kernel runs inside a program
+  than timed alone, warm, a few calls back to back;
 * concurrent kernels share the device as a fluid (processor sharing): a kernel demands ``f = min(1, work items
   / (fill_items))`` of the device (work items = output elements, as ``passes.cost.simulated`` counts them;
   ``fill_items`` = how many output elements fill the GPU) and every running kernel progresses at rate

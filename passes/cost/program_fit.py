@@ -137,8 +137,8 @@ class Sample:
 
 def program_key(prog: IssuedProgram) -> tuple:
     """A hashable identity of the issued program (ops and CUDA-graph flag)."""
-    return (prog.cuda_graph, prog.isolated, prog.keepalive, tuple((o.kind, o.a, o.b, o.unit, o.calls) for o in prog.ops),
-            tuple(sorted(prog.copy_bytes.items())))
+    return (prog.cuda_graph, prog.isolated, prog.keepalive,
+            tuple((o.kind, o.a, o.b, o.unit, o.calls) for o in prog.ops), tuple(sorted(prog.copy_bytes.items())))
 
 
 def levenberg_marquardt(resid: Callable[[np.ndarray], np.ndarray], x0: Sequence[float], iters: int = 60,
