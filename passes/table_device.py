@@ -54,8 +54,8 @@ def answer_bundle(bundle_dir: str, table_path: str, graph, out: str | None = Non
         misses = table.misses   # the table model counts what it had to compose
         lat = table.stage_latency([[by_name[u] for u in g] for g in groups], strategy)
         composed += table.misses > misses
-        stages.append({"key": stage_key(groups, strategy), "groups": groups, "latency": float(lat), "sources": st.get("sources", []),
-                       "strategy": strategy})
+        stages.append({"key": stage_key(groups, strategy), "groups": groups, "latency": float(lat),
+                       "sources": st.get("sources", []), "strategy": strategy})
     number = int(table.table.get("number") or 0)
     model = ProgramCostModel(table.units, params or load_fitted(), timing_number=number)
     units = model.unit_inputs(graph)
