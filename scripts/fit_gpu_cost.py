@@ -222,6 +222,8 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                 raise SystemExit(f"{run.file}: built with width {build.get('width')} batch {build.get('batch')}, "
                                  f"expected width 1.0 batch {run.batch}")
             cost = run.cost or build.get("cost", "sim:h100")
+            # where the build's dependency mode issued its waits (builds before 2026-11-27 record none: "consumer")
+            waits = build.get("waits") or "consumer"
             if cost.startswith("table:"):
                 cost = "table:" + _plain_table(data_dir, cost[len("table:"):], tmp)
             for m in res["models"]:
@@ -305,7 +307,8 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                             if rec.get("cuda_graph") is not cg:
                                 log(f"  {run.key} {name} {label}: recorded cuda_graph={rec.get('cuda_graph')}, skipped")
                                 continue
-                            sp = plan_streams(program, sched, mode, n, staged_io=cg, keep_alive=run.keep_alive)
+                            sp = plan_streams(program, sched, mode, n, staged_io=cg, keep_alive=run.keep_alive,
+                                              waits=waits)
                             copies = {}
                             if cg:
                                 for i, t in enumerate(program.input_infos):

@@ -112,10 +112,14 @@ def main(argv=None) -> int:
     b.add_argument("--max-streams", type=int, default=8)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-kit", action="store_true", help="skip the runtime kit and the wheel (local dry runs)")
-    b.add_argument("--sync", default="tvm,events",
-                   help="how scheduled variants order their streams: tvm (TVM's per-call event), events (reused "
-                        "events of the native extension), or both (default: each scheduled variant twice, "
-                        "'[events]' in its name, so the run compares them)")
+    b.add_argument("--sync", default="tvm",
+                   help="how scheduled variants order their streams: tvm (TVM's per-call event, the default), events "
+                        "(reused events of the native extension), or both (tvm,events: each scheduled variant twice, "
+                        "'[events]' in its name, so the run compares them; the 2026-11-26 H100 run did)")
+    b.add_argument("--waits", default="stage-start,consumer",
+                   help="where dependency-mode variants issue their cross-stream waits: stage-start (today's "
+                        "lowering), consumer (the builds before 2026-11-27), or both (default: the consumer "
+                        "placement as extra variants, '[waits at consumer]' in their names, so the run compares them)")
     b.add_argument("--cudnn", default="all", metavar="MODELS",
                    help="comma-separated models (or all, the default; '' for none) that also get an entry "
                         "MODEL+cudnn: every offloadable convolution / dense layer as a cuDNN / cuBLAS call")

@@ -18,8 +18,10 @@
 #         Kernels are fatbins compiled here by nvcc (sm_90 unless --target says otherwise); a library holding CUDA
 #         source is refused by the build. Weights are generated on the device from a seed, so the libraries stay
 #         small; the build exits 1 when .gpu_check is over 60 MiB.
-#         Every scheduled variant with streams also comes as '<name> [events]' (reused events of the native
-#         extension instead of TVM's per-call event; --sync tvm,events), and every model also as an entry
+#         Every dependency-mode variant with streams also comes as '<name> [waits at consumer]' (its waits issued
+#         as the builds before 2026-11-27 did; --waits stage-start to leave them out); with --sync tvm,events
+#         every scheduled variant with streams also as '<name> [events]' (reused events of the native
+#         extension instead of TVM's per-call event), and every model also as an entry
 #         MODEL+cudnn (--cudnn all|a,b|''; --tf32 for MODEL+cudnn+tf32) whose scheduled variants run every offloadable
 #         convolution / dense layer through cuDNN / cuBLAS (the extension linked into the library; the device's
 #         python3 finds libcudnn / libcublasLt in its nvidia-* wheels), checked against plain TVM's own kernels.

@@ -54,7 +54,8 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None) -> 
                     rec = recorded.get(label)
                     if not rec or not rec.get("median_ms") or rec.get("stages") != sched.num_stages:
                         continue
-                    pred = model.predict(program, sched, mode, graph) * 1e3
+                    pred = model.predict(program, sched, mode, graph,
+                                         waits=run.get("build", {}).get("waits") or "consumer") * 1e3
                     rows.append({"model": name, "variant": label, "measured_ms": rec["median_ms"],
                                  "predicted_ms": pred, "error": pred / rec["median_ms"] - 1})
     return rows

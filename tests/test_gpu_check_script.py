@@ -221,7 +221,9 @@ def test_diagnose_report(dry_build, tmp_path):
     diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
     variants = diag["models"][0]["variants"]
     assert [v["name"] for v in variants] == ["greedy", "greedy + CUDA graph", "greedy (dependency)",
-                                             "greedy (dependency) + CUDA graph"]
+                                             "greedy (dependency) + CUDA graph",
+                                             "greedy (dependency) [waits at consumer]",
+                                             "greedy (dependency) [waits at consumer] + CUDA graph"]
     for v in variants:
         assert v["verdict"] == "exact" and v["runs"] == 3 and v["serialized"]["runs"] == 3
         assert v["run_to_run"] == 0.0 and len(v["max_err_per_run"]) == 3
@@ -282,13 +284,15 @@ def test_run_report_records_the_environment(dry_build, tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")
 def test_cuda_build_squeezenet(tmp_path):
     """``scripts/gpu_check.sh build --models squeezenet --width 0.25``: a real CUDA build, fatbins for sm_90 in
-    every library, a well-formed manifest, the graph JSON for the PyTorch baseline, every scheduled variant also
-    with reused events, and the entry squeezenet+cudnn (library units) with the native extension linked in."""
+    every library, a well-formed manifest, the graph JSON for the PyTorch baseline, every dependency-mode variant
+    with streams also with the waits of the builds before 2026-11-27, every scheduled variant also with reused
+    events (``--sync tvm,events``), and the entry squeezenet+cudnn (library units) with the native extension
+    linked in."""
     from tvm_interop.passes.cuda_compile import fatbin_arches, library_cuda_images
 
     d = tmp_path / "gc"
     r = subprocess.run(["bash", SHELL, "build", "--models", "squeezenet", "--width", "0.25", "--dir", str(d),
-                        "--no-kit"], capture_output=True, text=True, timeout=900)
+                        "--no-kit", "--sync", "tvm,events"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.load(open(d / "manifest.json"))
     assert m["format"] == "tvm-interop-gpu-check" and m["device"] == "cuda" and m["target"] == "cuda -arch=sm_90"
@@ -300,14 +304,19 @@ def test_cuda_build_squeezenet(tmp_path):
     names = [v["name"] for v in entry["variants"]]
     # 6 schedules (sequential, greedy, lios, ios, greedy+wave, lios+wave) x 2 modes x direct / CUDA graph, and
     # every one with streams again with reused events
-    tvm_sync = [n for n in names[2:] if "[events]" not in n]
-    events = [n for n in names if "[events]" in n]
+    consumer = [n for n in names if "[waits at consumer]" in n]
+    tvm_sync = [n for n in names[2:] if "[events]" not in n and n not in consumer]
+    events = [n for n in names if "[events]" in n and n not in consumer]
     assert names[:2] == ["plain TVM", "plain TVM + CUDA graph"] and len(tvm_sync) == 6 * 2 * 2
+    assert consumer and all("(dependency)" in n for n in consumer)
+    assert all(n.replace(" [waits at consumer]", "") in names for n in consumer)
     assert events and all(n.replace(" [events]", "") in tvm_sync for n in events)
     assert not any(n.startswith("sequential") for n in events)   # nothing to order
     assert {"greedy+wave", "lios+wave + CUDA graph", "greedy [events] + CUDA graph"} <= set(names)
     for v in entry["variants"][2:]:
         assert v["sync"] == ("events" if "[events]" in v["name"] else "tvm")
+        assert v["waits"] == ("consumer" if "[waits at consumer]" in v["name"] else "stage-start")
+    assert m["waits"] == "stage-start"
     for v in entry["variants"]:
         assert (d / (v["library"] + ".xz")).exists() and v["function"]
         if v["name"] != "plain TVM" and not v["name"].startswith("plain"):
@@ -410,6 +419,24 @@ def test_report_prices_one_reused_event():
     assert len([r for r in rows if r.startswith("| greedy")]) == 1
     assert "| greedy (dependency) | 20 | 0.500 | 0.400 | 1.25x | +5.00 |" in rows
     assert "Reused events" in gcreport.render_markdown({"models": [model]})
+
+
+def test_report_sets_consumer_waits_against_stage_start():
+    """'[waits at consumer]' variants (dependency mode as built before 2026-11-27) against their twins with the
+    waits at the stage's start (illustrative numbers, not a measurement)."""
+    from gpucheck import report as gcreport
+
+    model = {"name": "m", "units": 3, "image_size": 32, "variants": [
+        {"name": "ios (dependency)", "median_ms": 4.40, "ok": True, "waits": "stage-start"},
+        {"name": "ios (dependency) [waits at consumer]", "median_ms": 6.38, "ok": True, "waits": "consumer"},
+        {"name": "ios (dependency) [waits at consumer] + CUDA graph", "median_ms": 6.1, "ok": True},  # no twin
+        {"name": "ios (dependency) [events] [waits at consumer]", "median_ms": 5.0, "ok": True},
+        {"name": "ios (dependency) [events]", "median_ms": 4.0, "ok": True}]}
+    rows = gcreport._waits_table(model)
+    assert "| ios (dependency) | 6.380 | 4.400 | 1.45x |" in rows
+    assert "| ios (dependency) [events] | 5.000 | 4.000 | 1.25x |" in rows
+    assert len([r for r in rows if r.startswith("| ios")]) == 2
+    assert "waits at the stage's start" in gcreport.render_markdown({"models": [model]})
 
 
 def test_unit_table_summary_and_library_host_time():

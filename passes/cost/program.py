@@ -341,14 +341,15 @@ def _tensor_key(t) -> str:
 
 
 def issued_program(program, schedule, mode: str = "stage", cuda_graph: bool = False, max_streams: int = 8,
-                   name: str = "") -> IssuedProgram:
+                   name: str = "", waits: str | None = None) -> IssuedProgram:
     """The op list the stream lowering issues for ``schedule`` (``passes.lower_streams.plan_streams`` with the
     stream count ``lower_program`` uses; with ``cuda_graph`` the CUDA-graph function, input/output copies
-    included)."""
-    from tvm_interop.passes.lower_streams import plan_streams, resolve_stream_count
+    included). ``waits``: the dependency mode's wait placement of the build (default: today's lowering)."""
+    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT, plan_streams, resolve_stream_count
 
     n = resolve_stream_count(max_streams, schedule.max_concurrency())
-    sp = plan_streams(program, schedule, mode, n, staged_io=cuda_graph, keep_alive=True)
+    sp = plan_streams(program, schedule, mode, n, staged_io=cuda_graph, keep_alive=True,
+                      waits=waits or DEFAULT_WAIT_PLACEMENT)
     copies: dict[str, float] = {}
     if cuda_graph:
         for i, t in enumerate(program.input_infos):
@@ -722,13 +723,16 @@ class ProgramCostModel:
         return out
 
     def simulate(self, program, schedule, mode: str = "stage", cuda_graph: bool = False,
-                 trace: bool = False) -> Timeline:
-        prog = issued_program(program, schedule, mode, cuda_graph, self.max_streams)
+                 trace: bool = False, waits: str | None = None) -> Timeline:
+        prog = issued_program(program, schedule, mode, cuda_graph, self.max_streams, waits=waits)
         return simulate(prog, self.unit_inputs(program.graph), self.params, trace=trace)
 
-    def predict(self, program, schedule, mode: str = "stage", cuda_graph: bool = False) -> float:
-        """Seconds for one call of the lowered program (wall clock + device sync)."""
-        return self.simulate(program, schedule, mode, cuda_graph).latency
+    def predict(self, program, schedule, mode: str = "stage", cuda_graph: bool = False,
+                waits: str | None = None) -> float:
+        """Seconds for one call of the lowered program (wall clock + device sync); ``waits``: the dependency
+        mode's wait placement the build used (default: today's lowering; ``"consumer"`` for builds before
+        2026-11-27)."""
+        return self.simulate(program, schedule, mode, cuda_graph, waits=waits).latency
 
     def predict_issued(self, prog: IssuedProgram, units: Mapping[str, tuple[float, float]]) -> float:
         return simulate(prog, units, self.params).latency

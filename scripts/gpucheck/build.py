@@ -233,13 +233,17 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
                 f"{sum(len(r.left) for r in fused)} groups left beside their fused kernel")
         for mode in [m for m in ctx.args.modes.split(",") if m]:
             for sync in _syncs(ctx):
-                prefix = f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__{'ev__' if sync == 'events' else ''}"
-                low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
-                                    cuda_graph=True, lift_constants=True, prefix=prefix, sync=sync)
-                if sync == "events" and low.sync != "events":
-                    continue   # nothing to order (one stream): the same program as with TVM's sync
-                check_lowered(low.mod, ctx.target).raise_if_unsafe()
-                out.append((spec, mode, prefix, low, sched, recipe))
+                for waits in _waits(ctx, mode):
+                    prefix = (f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__"
+                              f"{'ev__' if sync == 'events' else ''}{'wc__' if waits == 'consumer' else ''}")
+                    low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
+                                        cuda_graph=True, lift_constants=True, prefix=prefix, sync=sync, waits=waits)
+                    if sync == "events" and low.sync != "events":
+                        continue   # nothing to order (one stream): the same program as with TVM's sync
+                    if waits != low.waits:
+                        continue   # one stream, or stage mode: the same program as with the default placement
+                    check_lowered(low.mod, ctx.target).raise_if_unsafe()
+                    out.append((spec, mode, prefix, low, sched, recipe))
     return out
 
 
@@ -310,6 +314,17 @@ def _syncs(ctx: BuildContext) -> list[str]:
     return syncs if ctx.gpu else [s for s in syncs if s != "events"] or ["tvm"]
 
 
+def _waits(ctx: BuildContext, mode: str) -> list[str]:
+    """Where dependency-mode variants issue their cross-stream waits: today's placement, and with ``--waits
+    stage-start,consumer`` also the placement of the builds before 2026-11-27 ('[waits at consumer]' in the name),
+    so one run measures what the change did. Stage mode has one placement."""
+    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT
+
+    if mode != "dependency":
+        return [DEFAULT_WAIT_PLACEMENT]
+    return [w for w in ctx.args.waits.split(",") if w] or [DEFAULT_WAIT_PLACEMENT]
+
+
 def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = False) -> tuple[list[dict], str, list[str]]:
     """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
     variants, library, kernel formats."""
@@ -324,9 +339,10 @@ def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = Fals
                          _native_addons(program, [low for _, _, _, low, _, _ in pending]))
     variants = []
     for sname, mode, prefix, low, sched, recipe in pending:
-        label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "")
+        label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "") \
+            + (" [waits at consumer]" if low.waits == "consumer" else "")
         common = {"library": lib, "streams": prefix + "__tvm_interop_streams", "num_streams": low.num_streams,
-                  "sync": low.sync, **({"tf32": True} if tf32 else {}),
+                  "sync": low.sync, "waits": low.waits, **({"tf32": True} if tf32 else {}),
                   "stages": sched.num_stages, "max_concurrency": sched.max_concurrency(), "mode": mode,
                   "predicted_ms": (sched.predicted_latency or 0) * 1e3,
                   **({"weight_recipe": recipe} if recipe is not None else {})}
@@ -491,7 +507,14 @@ def _manifest(ctx: BuildContext) -> dict:
             "device": "cuda" if ctx.gpu else "cpu", "tvm": tvm.__version__, "built_on": platform.node(),
             "built_from": _source_revision(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "width": a.width, "image_size": a.image_size, "batch": a.batch, "seed": a.seed, "cost": a.cost,
-            "max_streams": a.max_streams, "models": []}
+            "max_streams": a.max_streams, "waits": _default_waits(), "models": []}
+
+
+def _default_waits() -> str:
+    """The dependency mode's wait placement of this build's unlabelled variants (the fit reproduces them)."""
+    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT
+
+    return DEFAULT_WAIT_PLACEMENT
 
 
 def _model_list(text: str, names: list[str], option: str) -> list[str]:

@@ -100,6 +100,7 @@ def render_markdown(result: dict) -> str:
                              f"{pk['speedup']:.2f}x | {'yes' if pk['never_slower'] else 'NO'} |")
             lines.append("")
         lines += _events_table(m)
+        lines += _waits_table(m)
         lines += _library_host_table(m)
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
@@ -147,6 +148,26 @@ def _events_table(m: dict) -> list[str]:
     return ["Reused events (the native extension's pool) against TVM's per-call event, same program:", "",
             "| variant | events per run | TVM sync ms | reused events ms | speed-up | saved per event (us) |",
             "|---|---:|---:|---:|---:|---:|", *rows, ""]
+
+
+def _waits_table(m: dict) -> list[str]:
+    """Each '[waits at consumer]' variant (dependency mode as built before 2026-11-27: a group's waits issued right
+    before it, so an event also waits for the stage's groups queued behind its producer) against its twin with
+    the waits issued at the start of the stage (today's lowering): the same schedule, streams and kernels."""
+    tag = " [waits at consumer]"
+    by_name = {v["name"]: v for v in m.get("variants", [])}
+    rows = []
+    for v in m.get("variants", []):
+        twin = by_name.get(v["name"].replace(tag, ""))
+        if tag not in v["name"] or twin is None or v.get("median_ms") is None or twin.get("median_ms") is None:
+            continue
+        rows.append(f"| {twin['name']} | {v['median_ms']:.3f} | {twin['median_ms']:.3f} | "
+                    f"{v['median_ms'] / twin['median_ms']:.2f}x |")
+    if not rows:
+        return []
+    return ["Dependency mode, waits at the stage's start (today) against waits at the consumer (before 2026-11-27), "
+            "same schedule:", "", "| variant | waits at consumer ms | waits at stage start ms | speed-up |",
+            "|---|---:|---:|---:|", *rows, ""]
 
 
 def cmd_report(args) -> int:

@@ -271,7 +271,7 @@ def _new_result(args, manifest: dict, dev, is_gpu: bool) -> dict:
             env["sm_count"] if is_gpu else os.cpu_count(), "tvm": env["tvm"], "python": env["python"],
             "repeat": args.repeat, "warmup": args.warmup, "timing": "wall clock of one call + device sync; median",
             "build": {k: manifest.get(k) for k in ("target", "width", "image_size", "batch", "cost", "max_streams",
-                                                   "built_from", "built_at")},
+                                                   "waits", "built_from", "built_at")},
             "torch": env["torch"] if _torch_available(is_gpu) else None, "models": []}
 
 
@@ -280,7 +280,7 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
     """One variant: its output against ``ref`` (plain TVM's; ``is_reference``: this one is plain TVM) and its
     latency. Returns the record, its output and the callable (None when it failed or computed something else)."""
     rec = {k: var.get(k) for k in ("name", "cuda_graph", "num_streams", "stages", "max_concurrency", "mode",
-                                   "predicted_ms", "note", "sync", "syncs")}
+                                   "predicted_ms", "note", "sync", "syncs", "waits")}
     try:
         run_once = variants.call(var)
         out = _to_numpy(run_once())
@@ -354,7 +354,7 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
             # the first variant is plain TVM's direct build: the reference
             rec, out, call = _check_variant(variants, var, ref, i == 0, args, dev.sync)
             ref = out if i == 0 else ref
-            if call is not None:
+            if call is not None and var.get("waits") != "consumer":   # the legacy placement is not a candidate
                 calls[var["name"]] = call
             model["variants"].append(rec)
             _log_variant(entry["name"], rec)
