@@ -296,7 +296,8 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert sorted(libs) == ["squeezenet.plain.so.xz", "squeezenet.sched.so.xz", "squeezenet.torch.json"]
     total = sum(os.path.getsize(os.path.join(d, "libs", f)) for f in libs)
     assert total < 2 * 2**20  # weights are not in the libraries
-    assert len(manifest["models"][0]["variants"]) == 10   # plain x2, (sequential, greedy) x (stage, dep) x 2
+    # plain x2, (sequential, greedy) x (stage, dep) x 2, and greedy (dependency) with the old wait placement x 2
+    assert len(manifest["models"][0]["variants"]) == 12
     # the run and diagnose steps need TVM's runtime only (no compiler library), as on the GPU machine
     runtime_only = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
     r = subprocess.run([sys.executable, script, "run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "2"],
@@ -309,6 +310,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert "| greedy |" in md and "plain TVM" in md
     picked = result["models"][0]["picked"]["greedy"]
     assert picked["never_slower"] and picked["choice"] in picked["candidates"]
+    assert not any("[waits at consumer]" in c for c in picked["candidates"])   # a comparison, not a candidate
     assert result["environment"]["tvm"] and result["environment"]["nvcc"]
     # the race check (on a CPU: every variant exact, serialized run included)
     r = subprocess.run([sys.executable, script, "diagnose", "--dir", d, "--out", out, "--runs", "2"],
@@ -316,4 +318,4 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
     verdicts = [v["verdict"] for v in diag["models"][0]["variants"]]
-    assert verdicts == ["exact"] * 4 and all(v["serialized"] for v in diag["models"][0]["variants"])
+    assert verdicts == ["exact"] * 6 and all(v["serialized"] for v in diag["models"][0]["variants"])
