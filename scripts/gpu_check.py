@@ -130,6 +130,10 @@ def main(argv=None) -> int:
     b.add_argument("--schedule", action="append", default=[], metavar="MODEL:LABEL=FILE",
                    help="also build this schedule JSON (`tvm-interop schedule -o`, e.g. the pick an active device "
                         "search shipped) as MODEL's variants LABEL, LABEL (dependency), ... beside the schedulers'")
+    b.add_argument("--splitk", default="", metavar="MODELS",
+                   help="comma-separated models (or all) that also get an entry MODEL+splitk: convolutions with few "
+                        "outputs and long reductions scheduled by passes.kernels.gpu_splitk (a thread group per "
+                        "output) instead of DLight's GEMM tiles; not measured yet, so opt-in")
     b.add_argument("--unit-costs", default="", metavar="MODELS",
                    help="comma-separated models (or all) that also get a unit bundle: every unit alone and, on CUDA, "
                         "every offloadable one as its cuDNN / cuBLAS call; the run measures it into "

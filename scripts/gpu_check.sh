@@ -27,6 +27,9 @@
 #         python3 finds libcudnn / libcublasLt in its nvidia-* wheels), checked against plain TVM's own kernels.
 #         That is about 2.5x the variants of before: run the models in two or three calls (--models) to stay
 #         inside the device tool's 600 s per call.
+#         --splitk MODELS adds an entry MODEL+splitk: its scheduled variants run the convolutions with few outputs
+#         and long reductions with passes/kernels/gpu_splitk.py's schedule (not measured yet; checked against
+#         plain TVM's own kernels like every entry).
 #         --unit-costs MODELS adds a bundle of each model's units (and their library calls), which the run
 #         measures into $OUT/unit_costs/MODEL.json; a second build with --auto MODEL=<that file> adds the entry
 #         MODEL+auto (per unit, TVM kernel or library call, whichever measured faster) for a second run.

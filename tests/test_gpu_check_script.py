@@ -366,6 +366,8 @@ def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--auto",
             f"squeezenet={d}/manifest.json")
     assert r.returncode != 0 and "need a CUDA target" in r.stderr
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--splitk", "squeezenet")
+    assert r.returncode != 0 and "--splitk schedules CUDA kernels: they need a CUDA target" in r.stderr
 
 
 def test_build_with_a_schedule_file_adds_its_variants(tmp_path):
@@ -419,6 +421,25 @@ def test_report_prices_one_reused_event():
     assert len([r for r in rows if r.startswith("| greedy")]) == 1
     assert "| greedy (dependency) | 20 | 0.500 | 0.400 | 1.25x | +5.00 |" in rows
     assert "Reused events" in gcreport.render_markdown({"models": [model]})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")
+def test_cuda_build_with_split_reduction_kernels(tmp_path):
+    """``build --splitk googlenet``: an entry googlenet+splitk whose scheduled variants run the split-reduction
+    convolutions (passes.kernels.gpu_splitk), built to sm_90 fatbins and through the as-built memory check, and
+    checked against plain TVM's own kernels by the run."""
+    d = tmp_path / "gc"
+    r = subprocess.run(["bash", SHELL, "build", "--models", "googlenet", "--width", "0.25", "--dir", str(d), "--no-kit",
+                        "--cudnn", "", "--schedulers", "sequential,ios", "--splitk", "googlenet"],
+                       capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.load(open(d / "manifest.json"))
+    base, split = m["models"]
+    assert split["name"] == "googlenet+splitk" and len(split["splitk_kernels"]) >= 5
+    assert split["variants"][0]["name"] == "plain TVM"   # the reference: TVM's own kernels, as in every entry
+    assert [v["name"] for v in split["variants"]] == [v["name"] for v in base["variants"]]
+    assert "split-reduction kernels" in r.stderr
 
 
 def test_report_sets_consumer_waits_against_stage_start():

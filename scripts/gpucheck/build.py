@@ -194,7 +194,7 @@ def _plain_variants(ctx: BuildContext, name: str, program) -> tuple[list[dict], 
     return variants, lib, formats
 
 
-def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
+def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[tuple]:
     """Every (scheduler, mode) program, stream-lowered and checked: ``(scheduler, mode, prefix, lowered,
     schedule, weight recipe)``; the recipe (None when the weights are the model's) derives the weights of a program
     with IOS's merged convolutions from the model's (``gpucheck.common.derive_weights``)."""
@@ -205,7 +205,7 @@ def _lowered(ctx: BuildContext, name: str, program) -> list[tuple]:
 
     out = []
     made = []   # (spec, label, schedule)
-    for spec in [s for s in ctx.args.schedulers.split(",") if s]:
+    for spec in [s for s in ctx.args.schedulers.split(",") if s and (waves or not s.endswith(WAVE))]:
         sname = spec.removesuffix(WAVE)
         if sname not in available_schedulers():
             log(f"  {name}: scheduler {sname} not available, skipped")
@@ -325,12 +325,13 @@ def _waits(ctx: BuildContext, mode: str) -> list[str]:
     return [w for w in ctx.args.waits.split(",") if w] or [DEFAULT_WAIT_PLACEMENT]
 
 
-def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = False) -> tuple[list[dict], str, list[str]]:
+def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = False,
+                        waves: bool = True) -> tuple[list[dict], str, list[str]]:
     """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
     variants, library, kernel formats."""
     from tvm_interop.runtime.cuda import MAIN_GRAPH_FUNC
 
-    pending = _lowered(ctx, name, program)
+    pending = _lowered(ctx, name, program, waves)
     graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _, _ in pending]
     ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _, _ in pending]), graph_funcs if ctx.gpu else [],
                      check=True)
@@ -415,14 +416,17 @@ def _auto_offload(program, table_path: str):
 
 
 def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm",
-                tf32: bool = False, unit_bundle: bool = False, auto_table: str | None = None) -> dict:
+                tf32: bool = False, unit_bundle: bool = False, auto_table: str | None = None,
+                splitk: bool = False) -> dict:
     """One model's manifest entry: prepared once, then its plain and scheduled libraries and its graph JSON.
     ``tuning_db``: the entry ``NAME+tuned``, every variant (plain TVM included) built with the database's tuned
     kernels, so that the run compares tuned and default kernels model by model. ``units="cudnn"``: the entry
     ``NAME+cudnn``, whose scheduled variants (sequential included) run every offloadable convolution / dense layer
     as a cuDNN / cuBLAS call (``passes.offload``), checked against plain TVM with TVM's own kernels;
     ``units="auto"`` with ``auto_table`` (a unit table a run measured): the entry ``NAME+auto``, each unit as
-    whichever the table measured faster. ``unit_bundle``: also the bundle that measures such a table."""
+    whichever the table measured faster. ``unit_bundle``: also the bundle that measures such a table.
+    ``splitk``: the entry ``NAME+splitk``, whose scheduled variants (sequential included; no wave fusion) run the
+    convolutions ``passes.kernels.gpu_splitk`` takes with that schedule, checked against plain TVM's own kernels."""
     import dataclasses
 
     import tvm_interop
@@ -440,7 +444,15 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
         extra = {"tuning_db": os.path.abspath(tuning_db), "tuned_kernels": tuned_functions(program.mod),
                  "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
     scheduled_program = program
-    if units != "tvm":
+    if splitk:
+        from tvm_interop.passes.kernels.gpu_splitk import apply_split_reduction
+
+        split_mod, split_kernels = apply_split_reduction(program.mod, ctx.target)
+        scheduled_program = dataclasses.replace(program, mod=split_mod)
+        label = f"{name}+splitk"
+        extra = {"splitk_kernels": split_kernels, "torch_program": None,
+                 "torch_note": f"the PyTorch baseline is in the entry {name}"}
+    elif units != "tvm":
         from tvm_interop.passes.offload import offload
 
         if units == "auto":
@@ -454,7 +466,7 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
     elif unit_bundle:
         extra = _unit_bundle(ctx, name, program)
     plain, plain_lib, plain_formats = _plain_variants(ctx, label, program)   # the reference: TVM's own kernels
-    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program, tf32=tf32)
+    sched, sched_lib, sched_formats = _scheduled_variants(ctx, label, scheduled_program, tf32=tf32, waves=not splitk)
     entry = {"name": label, "image_size": image, "units": len(program.graph),
              "inputs": [{"shape": list(t.shape), "dtype": t.dtype} for t in program.input_infos],
              "weights": [{"shape": [int(d) for d in c.shape], "dtype": str(c.dtype)} for c in program.constants],
@@ -464,7 +476,8 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
     log(f"  {label}: {len(program.graph)} units, {len(entry['variants'])} variants, built in "
         f"{time.perf_counter() - t0:.0f} s" + (f" ({len(extra['tuned_kernels'])} tuned kernels)"
                                               if "tuned_kernels" in extra else "")
-        + (f" ({extra['library_units']} library units)" if "library_units" in extra else ""))
+        + (f" ({extra['library_units']} library units)" if "library_units" in extra else "")
+        + (f" ({len(extra['splitk_kernels'])} split-reduction kernels)" if "splitk_kernels" in extra else ""))
     return entry
 
 
@@ -560,6 +573,9 @@ def cmd_build(args) -> int:
                         "MODEL=TABLE with a unit table a run measured (unit_costs/MODEL.json)")
     if auto and not ctx.gpu:
         raise SystemExit("gpu_check build: --auto chooses library units, which need a CUDA target")
+    with_splitk = _model_list(args.splitk, names, "--splitk")
+    if with_splitk and not ctx.gpu:
+        raise SystemExit("gpu_check build: --splitk schedules CUDA kernels: they need a CUDA target")
     for name in names:
         manifest["models"].append(build_model(ctx, name, unit_bundle=name in with_bundle))
         if name in tuned:
@@ -570,6 +586,8 @@ def cmd_build(args) -> int:
                 manifest["models"].append(build_model(ctx, name, units="cudnn", tf32=True))
         if name in auto:
             manifest["models"].append(build_model(ctx, name, units="auto", auto_table=auto[name]))
+        if name in with_splitk:
+            manifest["models"].append(build_model(ctx, name, splitk=True))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")
