@@ -431,15 +431,34 @@ def test_cuda_build_with_split_reduction_kernels(tmp_path):
     checked against plain TVM's own kernels by the run."""
     d = tmp_path / "gc"
     r = subprocess.run(["bash", SHELL, "build", "--models", "googlenet", "--width", "0.25", "--dir", str(d), "--no-kit",
-                        "--cudnn", "", "--schedulers", "sequential,ios", "--splitk", "googlenet"],
-                       capture_output=True, text=True, timeout=1500)
+                        "--cudnn", "", "--schedulers", "sequential,ios", "--splitk", "googlenet", "--unit-costs",
+                        "googlenet"], capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.load(open(d / "manifest.json"))
     base, split = m["models"]
     assert split["name"] == "googlenet+splitk" and len(split["splitk_kernels"]) >= 5
+    assert len(split["splitk_units"]) >= len(split["splitk_kernels"])   # a kernel may serve several units
+    # its units timed with the split kernels too, in a bundle whose name the device tool can return
+    assert base["unit_bundle"] == "bundles/googlenet" and split["unit_bundle"] == "bundles/googlenet-splitk"
     assert split["variants"][0]["name"] == "plain TVM"   # the reference: TVM's own kernels, as in every entry
     assert [v["name"] for v in split["variants"]] == [v["name"] for v in base["variants"]]
     assert "split-reduction kernels" in r.stderr
+
+
+def test_splitk_unit_summary():
+    """The units a +splitk entry rescheduled, against the base entry's unit table (made-up numbers)."""
+    from gpucheck import report as gcreport
+    from gpucheck.run import splitk_summary
+
+    base = {"units": {"a": 98e-6, "b": 58e-6, "c": 10e-6},
+            "stages": [{"groups": [["a"]], "strategy": "library", "latency": 94e-6}]}
+    split = {"units": {"a": 12e-6, "b": 60e-6, "c": 10e-6}, "stages": []}
+    sk = splitk_summary(base, split, ["a", "b", "missing"])
+    assert sk["units"] == 2 and sk["splitk_faster"] == 1
+    assert round(sk["dlight_us"]) == 156 and round(sk["splitk_us"]) == 72 and round(sk["best_of_three_us"]) == 70
+    line = gcreport._splitk_line(sk)
+    assert "faster than DLight's for 1" in line[1] and "156 us as DLight's kernels" in line[1]
+    assert gcreport._splitk_line(None) == []
 
 
 def test_report_sets_consumer_waits_against_stage_start():

@@ -385,7 +385,7 @@ def _unit_bundle(ctx: BuildContext, name: str, program) -> dict:
     (``build --auto MODEL=TABLE`` in the next round; ``tvm-interop compile --units auto --cost table:...``)."""
     from tvm_interop.passes.profile_bundle import LIBRARY, BundleOptions, build_profile_bundle
 
-    rel = os.path.join("bundles", name)
+    rel = os.path.join("bundles", name.replace("+", "-"))
     stages = [{"groups": [[u.name]], "sources": ["unit"]} for u in program.graph.units]
     bundle = build_profile_bundle(program, ctx.target, os.path.join(ctx.out, rel),
                                   BundleOptions(ios=False, lios=False, library=ctx.gpu), stages=stages)
@@ -450,8 +450,12 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
         split_mod, split_kernels = apply_split_reduction(program.mod, ctx.target)
         scheduled_program = dataclasses.replace(program, mod=split_mod)
         label = f"{name}+splitk"
-        extra = {"splitk_kernels": split_kernels, "torch_program": None,
-                 "torch_note": f"the PyTorch baseline is in the entry {name}"}
+        taken = set(split_kernels)
+        extra = {"splitk_kernels": split_kernels,
+                 "splitk_units": [u.name for u in program.graph.units if u.func_name in taken],
+                 "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
+        if unit_bundle:   # the same units timed with these kernels: unit_costs/NAME-splitk.json beside NAME.json
+            extra.update(_unit_bundle(ctx, label, scheduled_program))
     elif units != "tvm":
         from tvm_interop.passes.offload import offload
 
@@ -587,7 +591,7 @@ def cmd_build(args) -> int:
         if name in auto:
             manifest["models"].append(build_model(ctx, name, units="auto", auto_table=auto[name]))
         if name in with_splitk:
-            manifest["models"].append(build_model(ctx, name, splitk=True))
+            manifest["models"].append(build_model(ctx, name, splitk=True, unit_bundle=name in with_bundle))
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")

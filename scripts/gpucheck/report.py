@@ -127,7 +127,18 @@ def _unit_costs_lines(m: dict) -> list[str]:
             f"kernels one by one. Of the {uc['offloadable']} offloadable units the library call measured faster for "
             f"{uc['library_faster']}; together they take {uc['offloadable_tvm_us']:.0f} us as TVM kernels, "
             f"{uc['offloadable_library_us']:.0f} us as library calls, {uc['offloadable_faster_us']:.0f} us each as "
-            "the faster (`build --auto MODEL=TABLE` builds that program).", ""]
+            "the faster (`build --auto MODEL=TABLE` builds that program).", *_splitk_line(uc.get("splitk")), ""]
+
+
+def _splitk_line(sk: dict | None) -> list[str]:
+    """The units ``build --splitk`` rescheduled, summed: DLight's kernels, the split-reduction ones, the best of
+    those and the library call."""
+    if not sk or not sk.get("units"):
+        return []
+    return ["", f"Split-reduction kernels (`passes/kernels/gpu_splitk.py`) on the {sk['units']} units they take: "
+            f"faster than DLight's for {sk['splitk_faster']}; {sk['dlight_us']:.0f} us as DLight's kernels, "
+            f"{sk['splitk_us']:.0f} us split, {sk['best_of_three_us']:.0f} us each as the fastest of DLight, "
+            "split and library call."]
 
 
 def _events_table(m: dict) -> list[str]:

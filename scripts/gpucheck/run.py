@@ -374,6 +374,11 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
         log(f"  {entry['name']:16s} unit table -> {uc['table']}: library faster for {uc['library_faster']} of "
             f"{uc['offloadable']} offloadable units; their sum {uc['offloadable_tvm_us']:.0f} us as TVM kernels, "
             f"{uc['offloadable_library_us']:.0f} as library calls, {uc['offloadable_faster_us']:.0f} the faster each")
+        if uc.get("splitk"):
+            sk = uc["splitk"]
+            log(f"  {entry['name']:16s} split-reduction kernels faster than DLight's for {sk['splitk_faster']} of "
+                f"{sk['units']} units: {sk['dlight_us']:.0f} -> {sk['splitk_us']:.0f} us (best of three "
+                f"{sk['best_of_three_us']:.0f} us)")
     model["seconds"] = time.perf_counter() - t0
     return model
 
@@ -388,10 +393,27 @@ def measure_units(args, entry: dict) -> dict:
     from .device import library_path
 
     plan = read_json(os.path.join(args.dir, entry["unit_bundle"], "bundle.json"))
-    rel = os.path.join("unit_costs", f"{entry['name']}.json")
+    # the device tool returns files named in letters, digits, '.', '_' and '-' only: NAME+splitk -> NAME-splitk
+    rel = os.path.join("unit_costs", f"{entry['name'].replace('+', '-')}.json")
     os.makedirs(os.path.join(args.out, "unit_costs"), exist_ok=True)
     table = measure_plan(plan, library_path(args.dir, _bundle_library(entry)), out=os.path.join(args.out, rel))
-    return {"table": rel, **unit_cost_summary(table)}
+    out = {"table": rel, **unit_cost_summary(table)}
+    base = os.path.join(args.out, "unit_costs", f"{entry['name'].split('+')[0]}.json")
+    if entry.get("splitk_units") and os.path.exists(base):
+        out["splitk"] = splitk_summary(read_json(base), table, entry["splitk_units"])
+    return out
+
+
+def splitk_summary(base: dict, split: dict, units: list[str]) -> dict:
+    """The units whose convolution ``build --splitk`` rescheduled, in microseconds: as DLight's kernel (the entry
+    without), as the split-reduction kernel, and as the library call where the base table timed one."""
+    library = {st["groups"][0][0]: st["latency"] * 1e6 for st in base["stages"] if st.get("strategy") == "library"}
+    rows = {u: (base["units"][u] * 1e6, split["units"][u] * 1e6, library.get(u)) for u in units
+            if u in base["units"] and u in split["units"]}
+    return {"units": len(rows), "splitk_faster": sum(s < d for d, s, _ in rows.values()),
+            "dlight_us": sum(d for d, _, _ in rows.values()), "splitk_us": sum(s for _, s, _ in rows.values()),
+            "best_of_three_us": sum(min(x for x in r if x is not None) for r in rows.values()),
+            "per_unit_us": {u: list(r) for u, r in rows.items()}}
 
 
 def unit_cost_summary(table: dict) -> dict:
