@@ -456,27 +456,9 @@ def test_checker_needs_a_planned_module(branchy_program, hand_schedule):
         check_stream_memory_safety(low)
 
 
-def _random_schedule(graph, rng) -> Schedule:
-    done: set[str] = set()
-    remaining = [u.name for u in graph.units]
-    stages = []
-    while remaining:
-        ready = [u for u in remaining if all(p in done for p in graph.pred_names(u))]
-        rng.shuffle(ready)
-        take = ready[: int(rng.integers(1, len(ready) + 1))]
-        k = int(rng.integers(1, len(take) + 1))
-        groups = [take[i::k] for i in range(k)]
-        stages.append(Stage([g for g in groups if g]))
-        done.update(take)
-        remaining = [u for u in remaining if u not in done]
-    s = Schedule(stages)
-    s.validate(graph)
-    return s
-
-
 def test_checker_passes_on_random_models_and_schedules():
     """Release points by vector clocks, on random DAGs x random schedules x modes x stream counts."""
-    from tvm_interop.fuzz import random_model
+    from tvm_interop.fuzz import random_model, random_schedule
 
     rng = np.random.default_rng(7)
     checked = 0
@@ -484,7 +466,7 @@ def test_checker_passes_on_random_models_and_schedules():
         mod, _ = random_model(seed)
         program = tvm_interop.api.prepare_program(mod, "llvm")
         for _ in range(3):
-            sched = _random_schedule(program.graph, rng)
+            sched = random_schedule(program.graph, rng)
             for mode in ("stage", "dependency"):
                 ms = int(rng.choice([1, 2, 3, 8]))
                 low = lower_program(program, sched, CUDA, mode=mode, max_streams=ms,

@@ -15,7 +15,6 @@ import pytest
 
 import tvm_interop
 from tvm_interop.passes.lower_streams import WAIT_PLACEMENTS, lower_program, plan_streams, simulate
-from tvm_interop.passes.schedule import Schedule, Stage
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.runtime.errors import InteropError
 
@@ -39,27 +38,10 @@ def extra_orderings(program, schedule, n: int, waits: str) -> list[tuple[str, st
     return [(x, y) for y, xs in dep.items() for x in sorted(xs - stage[y])]
 
 
-def _random_schedule(graph, rng) -> Schedule:
-    done: set[str] = set()
-    remaining = [u.name for u in graph.units]
-    stages = []
-    while remaining:
-        ready = [u for u in remaining if all(p in done for p in graph.pred_names(u))]
-        rng.shuffle(ready)
-        take = ready[: int(rng.integers(1, len(ready) + 1))]
-        k = int(rng.integers(1, len(take) + 1))
-        stages.append(Stage([g for g in (take[i::k] for i in range(k)) if g]))
-        done.update(take)
-        remaining = [u for u in remaining if u not in done]
-    s = Schedule(stages)
-    s.validate(graph)
-    return s
-
-
 def test_stage_start_waits_order_nothing_stage_mode_does_not():
     """Random DAGs x random schedules (a stream per group): every ordering dependency mode guarantees, stage
     mode guarantees too, so on the device dependency mode can only start a kernel earlier."""
-    from tvm_interop.fuzz import random_model
+    from tvm_interop.fuzz import random_model, random_schedule
 
     rng = np.random.default_rng(11)
     checked = 0
@@ -67,7 +49,7 @@ def test_stage_start_waits_order_nothing_stage_mode_does_not():
         mod, _ = random_model(seed)
         program = tvm_interop.api.prepare_program(mod, "llvm")
         for _ in range(4):
-            sched = _random_schedule(program.graph, rng)
+            sched = random_schedule(program.graph, rng)
             n = sched.max_concurrency()
             if n < 2:
                 continue

@@ -174,6 +174,28 @@ def random_cell_model(seed: int, max_cells: int = 3):
     return bb.get(), f"seed {seed}: input 1x{c0}x{h0}x{h0}, cells {desc}, {heads} dense heads"
 
 
+def random_schedule(graph, rng: np.random.Generator):
+    """A random valid schedule of ``graph``: each stage takes a random subset of the ready units, split into a
+    random number of groups (independent units, so the stage is valid), until every unit is placed. For fuzzing
+    what the lowering does with any schedule a scheduler could produce (streams, events, keep-alive releases)."""
+    from tvm_interop.passes.schedule import Schedule, Stage
+
+    done: set[str] = set()
+    remaining = [u.name for u in graph.units]
+    stages = []
+    while remaining:
+        ready = [u for u in remaining if all(p in done for p in graph.pred_names(u))]
+        rng.shuffle(ready)
+        take = ready[: int(rng.integers(1, len(ready) + 1))]
+        k = int(rng.integers(1, len(take) + 1))
+        stages.append(Stage([g for g in (take[i::k] for i in range(k)) if g]))
+        done.update(take)
+        remaining = [u for u in remaining if u not in done]
+    sched = Schedule(stages)
+    sched.validate(graph)
+    return sched
+
+
 def random_input(mod, seed: int = 0) -> np.ndarray:
     shape = tuple(int(d) for d in mod["main"].params[0].ty.shape.values)
     return np.random.default_rng(seed + 12345).standard_normal(shape).astype("float32")
