@@ -366,6 +366,8 @@ def test_build_with_tuned_kernels_adds_an_entry_that_runs(tmp_path):
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--auto",
             f"squeezenet={d}/manifest.json")
     assert r.returncode != 0 and "need a CUDA target" in r.stderr
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--waits", "early")
+    assert r.returncode != 0 and "--waits early: expected stage-start or consumer" in r.stderr
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--dir", d, "--no-kit", "--splitk", "squeezenet")
     assert r.returncode != 0 and "--splitk schedules CUDA kernels: they need a CUDA target" in r.stderr
 

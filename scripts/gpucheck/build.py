@@ -318,11 +318,13 @@ def _waits(ctx: BuildContext, mode: str) -> list[str]:
     """Where dependency-mode variants issue their cross-stream waits: today's placement, and with ``--waits
     stage-start,consumer`` also the placement of the builds before 2026-11-27 ('[waits at consumer]' in the name),
     so one run measures what the change did. Stage mode has one placement."""
-    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT
+    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT, WAIT_PLACEMENTS
 
-    if mode != "dependency":
-        return [DEFAULT_WAIT_PLACEMENT]
-    return [w for w in ctx.args.waits.split(",") if w] or [DEFAULT_WAIT_PLACEMENT]
+    waits = [w for w in ctx.args.waits.split(",") if w] or [DEFAULT_WAIT_PLACEMENT]
+    unknown = [w for w in waits if w not in WAIT_PLACEMENTS]
+    if unknown:
+        raise SystemExit(f"gpu_check build: --waits {','.join(unknown)}: expected {' or '.join(WAIT_PLACEMENTS)}")
+    return waits if mode == "dependency" else [DEFAULT_WAIT_PLACEMENT]
 
 
 def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = False,
