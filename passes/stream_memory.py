@@ -30,6 +30,11 @@ Checks (each violation names both tensors, their kernels and streams):
              caller's stream at entry for parameters: a missing event is reported even when memory is not reused.
 ``exit``     every kernel happens before the function returns on the caller's stream (the outputs are complete,
              and storages released at exit are not reused while a stream still runs).
+``workspace`` two launches of kernels that allocate a global buffer of their own (a scheduled kernel's
+             intermediate, e.g. a reduction factored through global memory): TVM's host code takes it from a
+             per-thread workspace pool and gives it back as soon as the launch is issued, so the next such
+             kernel gets the same memory; the two launches must be ordered. (No kernel of today's schedules
+             allocates one; a schedule rule or tuned kernel that did would race on streams without this.)
 
 :func:`activation_memory` sums the ``alloc_storage`` sizes of a planned function
 (:func:`passes.as_built.memory_report` compares the scheduled program with plain TVM's sequential one).
@@ -170,6 +175,8 @@ class _Replay:
         self.kernels = 0
         self.streams_seen = {MAIN_STREAM}
         self.pos = 0
+        self.workspace_launches: list[tuple] = []   # (stream, index, clock, kernel, pos, buffers)
+        self._workspaces: dict[str, list[str]] = {}
 
     # ---------------------------------------------------------------- values
     def value_of(self, e):
@@ -220,8 +227,22 @@ class _Replay:
         snap[s] = n
         for t in {id(t): t for a in args for t in self.tensors_in(self.value_of(a))}.values():
             t.accesses.append((s, n, snap, kernel, self.pos))
+        buffers = self.workspaces(kernel)
+        if buffers:
+            self.workspace_launches.append((s, n, snap, kernel, self.pos, buffers))
         self.count[s] = n + 1
         self.kernels += 1
+
+    def workspaces(self, kernel: str) -> list[str]:
+        """The global buffers ``kernel`` allocates for itself (none for library calls and unknown names)."""
+        if kernel not in self._workspaces:
+            func = None
+            for gv in self.mod.get_global_vars():
+                if gv.name_hint == kernel:
+                    func = self.mod[gv]
+                    break
+            self._workspaces[kernel] = global_workspaces(func) if isinstance(func, tvm.tirx.PrimFunc) else []
+        return self._workspaces[kernel]
 
     def sync(self, src, dst) -> None:
         merged = dict(self.vc.get(dst, {}))
@@ -420,6 +441,16 @@ class _Replay:
                                          f"{t.label} is read by {where(a)} without an event after "
                                          f"{'the caller (entry)' if first[3] == '<caller>' else where(first)}"))
                     break
+        # workspace: kernels with their own global buffer take the same pooled memory, so they must be ordered
+        launches = self.workspace_launches
+        for i in range(len(launches)):
+            for j in range(i + 1, len(launches)):
+                a, b = launches[i], launches[j]
+                if not hb(a, b):
+                    out.append(Violation("workspace", fn, a[3], b[3],
+                                         f"{where(a)} and {where(b)} each allocate a global buffer ({a[5][0]}, "
+                                         f"{b[5][0]}) from TVM's workspace pool, which can hand both the same memory, "
+                                         f"but are not ordered by stream order or events"))
         # exit: everything joined into the caller's stream
         end = (None, None, dict(self.vc.get(MAIN_STREAM, {})))
         end[2][MAIN_STREAM] = self.count.get(MAIN_STREAM, 0)
@@ -493,6 +524,33 @@ def lifted_functions(mod: tvm.IRModule) -> set[str]:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     return out
+
+
+def global_workspaces(func: "tvm.tirx.PrimFunc") -> list[str]:
+    """Names of the global-scope buffers a scheduled kernel allocates inside itself (its intermediates; a
+    parameter is not one): TVM's host code takes each from the per-thread workspace pool at every launch."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    body = func.body
+    if not isinstance(body, s_tir.stmt.SBlockRealize):
+        return []
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = [get_root_block(sch)]
+    except Exception:  # noqa: BLE001 - not a block-form kernel (a host function): nothing to find
+        return []
+    out, gpu = [], False
+    while blocks:
+        rv = blocks.pop()
+        out += [b.name for b in sch.get(rv).alloc_buffers if b.scope() in ("global", "")]
+        children = list(sch.get_child_blocks(rv))
+        for child in children:
+            gpu = gpu or any(str(sch.get(lp).thread_binding.thread_tag).startswith(("blockIdx", "threadIdx"))
+                             for lp in sch.get_loops(child) if sch.get(lp).thread_binding is not None)
+        blocks += children
+    # only a GPU kernel's launch returns before it runs (a CPU kernel has finished when its call returns)
+    return out if gpu else []
 
 
 # ---------------------------------------------------------------------------------------------- memory

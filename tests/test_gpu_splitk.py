@@ -11,6 +11,7 @@ import tvm
 
 import tvm_interop
 from tvm_interop.models import get_model
+from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.kernels.gpu_splitk import (MAX_OUTPUTS, MIN_REDUCTION, SplitReductionConv,
                                                    apply_split_reduction, schedule_split_reduction)
 
@@ -82,3 +83,73 @@ def test_cuda_kernel_reduces_across_threads_in_shared_memory(inception):
     # the single store of each output: after the reduction, by one thread of the group, inside the 17x17 map
     assert "(((int)threadIdx.y) == 0) && " in src and "< 289" in src
     assert "TVMBackendAllocWorkspace" not in src
+
+
+# ---------------------------------------------------------------------------------------------- workspaces
+def _reduce_through_global_memory(func):
+    """A GPU schedule of a convolution kernel whose partial sums go through a global buffer (``rfactor`` into
+    global memory, a second block summing them): the kind of kernel the ``workspace`` check is for."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline
+
+    sch = s_tir.Schedule(func)
+    infos = try_inline(sch, normalize_prim_func(sch))
+    conv, last = infos[0].block_rv, infos[-1].block_rv
+    n_spatial = len(infos[0].dom_kind().rstrip("R"))
+    r_loops = sch.get_loops(conv)[n_spatial:]
+    r = sch.fuse(*r_loops) if len(r_loops) > 1 else r_loops[0]
+    ko, _ = sch.split(r, factors=[1, None])
+    rf = sch.rfactor(ko, factor_axis=0)               # partial sums in a global buffer
+    for block in (rf, last):
+        bx, tx = sch.split(sch.fuse(*sch.get_loops(block)[:n_spatial + (1 if block == rf else 0)]),
+                           factors=[None, 32])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    if last != conv:
+        sch.compute_at(conv, sch.get_loops(last)[1])
+        sch.set_scope(conv, 0, "local")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def test_memory_check_refuses_concurrent_kernels_with_global_workspaces(small_inception_ios):
+    """Two kernels that each allocate a global buffer get the same memory from TVM's workspace pool; the as-built
+    check refuses running them at once on two streams, names both, and accepts the same kernels one after another."""
+    import dataclasses
+
+    from tvm_interop.passes.as_built import check_lowered
+    from tvm_interop.passes.lower_streams import lower_program
+    from tvm_interop.passes.stream_memory import global_workspaces
+
+    program, sched = small_inception_ios
+    g = program.graph
+    stage = next(st for st in sched.stages if len(st.groups) >= 2 and
+                 sum(g.unit(grp[0]).kind == "conv2d" for grp in st.groups) >= 2)
+    convs = [grp[0] for grp in stage.groups if g.unit(grp[0]).kind == "conv2d"][:2]
+    mod = program.mod
+    for u in convs:
+        gv = mod.get_global_var(g.unit(u).func_name)
+        mod = _replaced(mod, gv, _reduce_through_global_memory(mod[gv]))
+        assert global_workspaces(mod[gv])
+    patched = dataclasses.replace(program, mod=mod)
+    report = check_lowered(lower_program(patched, sched, CUDA, mode="stage").mod, CUDA)
+    bad = [v for v in report.violations if v.kind == "workspace"]
+    assert bad and {bad[0].first, bad[0].second} <= {g.unit(u).func_name for u in convs}
+    assert "workspace pool" in str(bad[0]), str(bad[0])
+    seq = schedule_graph(g, "sequential")
+    assert check_lowered(lower_program(patched, seq, CUDA, mode="stage").mod, CUDA).ok
+    # today's default schedules allocate none (every zoo kernel: checked when the rule was written)
+    assert check_lowered(lower_program(program, sched, CUDA, mode="stage").mod, CUDA).ok
+
+
+def _replaced(mod, gv, func):
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    out[gv] = func
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_inception_ios():
+    program = tvm_interop.api.prepare_program(get_model("inception_v3", width=0.125, image_size=75, depth=1),
+                                              {"kind": "cuda", "arch": "sm_90"}, name="inception_v3")
+    return program, schedule_graph(program.graph, "ios", "sim:h100")
