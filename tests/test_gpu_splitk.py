@@ -12,8 +12,8 @@ import tvm
 import tvm_interop
 from tvm_interop.models import get_model
 from tvm_interop.passes.schedulers import schedule_graph
-from tvm_interop.passes.kernels.gpu_splitk import (MAX_OUTPUTS, MIN_REDUCTION, SplitReductionConv,
-                                                   apply_split_reduction, schedule_split_reduction)
+from tvm_interop.passes.kernels.gpu_splitk import (MIN_GEMM_BLOCKS, MIN_REDUCTION, SplitReductionConv,
+                                                   apply_split_reduction, gemm_blocks, schedule_split_reduction)
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -34,16 +34,18 @@ def test_takes_the_small_deep_convolutions_only(inception):
     taken = set(names)
     assert len(taken) >= 20
     for u in g.units:
-        outputs = int(np.prod(u.outputs[0].shape))
         if u.func_name not in taken:
             continue
-        assert u.kind == "conv2d" and outputs <= MAX_OUTPUTS
-        w = u.inputs[1].shape
-        assert w[1] * w[2] * w[3] >= MIN_REDUCTION
+        _, channels, h, w = u.outputs[0].shape
+        assert u.kind == "conv2d" and gemm_blocks(h * w, channels) < MIN_GEMM_BLOCKS
+        k = u.inputs[1].shape
+        assert k[1] * k[2] * k[3] >= MIN_REDUCTION
     by_name = {u.name: u.func_name for u in g.units}
     assert by_name["lv94"] in taken    # 1x1, 2048 -> 192 channels, 8x8 (98 us as DLight's GEMM tiles on an H100)
     assert by_name["lv42"] in taken    # 1x7, 160 -> 160 channels, 17x17 (padded window)
-    assert by_name["lv4"] not in taken   # 3x3 on 71x71: 968 K outputs fill the device anyway
+    assert by_name["lv7"] in taken     # 5x5, 48 -> 64 channels, 35x35: DLight tiles it into 39 blocks
+    assert by_name["lv4"] not in taken   # 3x3 on 71x71, 192 channels: 474 GEMM blocks fill the device anyway
+    assert gemm_blocks(64, 192) == 6 and gemm_blocks(71 * 71, 192) == 474
     assert not any(g.unit(n).kind != "conv2d" for n in by_name if by_name[n] in taken)
     # nothing for a CPU target, and a scheduled kernel is left alone
     assert SplitReductionConv().apply(_kernel(inception, "lv94"), tvm.target.Target("llvm"), False) is None
@@ -51,11 +53,9 @@ def test_takes_the_small_deep_convolutions_only(inception):
     assert names2 == []
 
 
-@pytest.mark.parametrize("unit", ["lv94", "lv42", "lv91", "lv48"])
-def test_loop_structure_computes_the_kernel(inception, unit):
-    """The schedule without its thread bindings, compiled for this CPU, against the unscheduled kernel: the same
-    outputs up to summation order (split, fuse, the padded window, the predicate of a partial last block)."""
-    func = _kernel(inception, unit).with_attr("global_symbol", "main")
+def _same_outputs_on_cpu(func) -> None:
+    """The schedule without its thread bindings, compiled for this CPU, against the unscheduled kernel."""
+    func = func.with_attr("global_symbol", "main")
     sch = schedule_split_reduction(func, bind_threads=False)
     assert sch is not None
     ref = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
@@ -69,6 +69,23 @@ def test_loop_structure_computes_the_kernel(inception, unit):
         outs.append(tensors[-1].numpy())
     scale = np.abs(outs[0]).max()
     assert scale > 0 and np.abs(outs[0] - outs[1]).max() <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("unit", ["lv94", "lv42", "lv91", "lv48", "lv7"])
+def test_loop_structure_computes_the_kernel(inception, unit):
+    """Same outputs up to summation order: split, fuse, the padded window (1x7, 3x3, 5x5), the predicate of a
+    partial last block of pixels (17x17 = 289, 35x35 = 1225)."""
+    _same_outputs_on_cpu(_kernel(inception, unit))
+
+
+def test_loop_structure_with_a_residual_epilogue():
+    """ResNet-50's convolutions that add the shortcut before the ReLU: an epilogue reading a second tensor."""
+    program = tvm_interop.api.prepare_program(get_model("resnet50"), {"kind": "cuda", "arch": "sm_90"},
+                                              name="resnet50")
+    _, names = apply_split_reduction(program.mod, CUDA)
+    residual = [n for n in names if n.count("_add") >= 2]
+    assert residual
+    _same_outputs_on_cpu(program.mod[residual[0]])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")

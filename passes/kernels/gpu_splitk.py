@@ -6,16 +6,19 @@ Why: at batch 1 the late convolutions of a CNN have small feature maps and many 
 132-SM H100, each looping over the whole reduction. Measured on an H100 (``docs/unit_costs_h100_2026-11-26``),
 Inception-v3's 66 convolutions with at most 17x17 outputs take 4.28 ms as TVM kernels (3.48 ms with cuDNN where
 that is faster): 1.9 TFLOP/s, against 14 TFLOP/s for its convolutions on large maps; the 8x8 one above takes 98 us.
+Its 35x35 convolutions with 32-96 output channels fare no better (39-78 blocks, 1.3-2.7 TFLOP/s as TVM kernels).
 
-This rule gives every output a group of ``threads_y`` threads that each sum a strided part of the reduction, then
+This rule gives every output a group of 8-16 threads that each sum a strided part of the reduction, then
 reduce their partial sums in shared memory (TVM's cross-thread reduction), one block per output channel and 32
 neighbouring output pixels (``threadIdx.x``: consecutive input addresses, so loads coalesce; the weight is the
 same for the warp). The example gets 384 blocks of 512 threads, 128 products per thread. No global intermediate
 buffer: a kernel's workspace would be shared by kernels running at once on other streams. The epilogue (bias,
 residual, ReLU) is applied by one thread per output before the single store.
 
-Not measured yet: opt-in (``splitk_rule=True`` in ``passes.cuda_build``; ``scripts/gpu_check.sh build --splitk
-MODELS`` builds an entry MODEL+splitk) until a GPU run shows where it beats DLight's ``Matmul`` schedule.
+Not measured yet, so opt-in: :func:`apply_split_reduction` schedules a module's kernels with it before a build
+(the build's default rules leave scheduled kernels alone); ``scripts/gpu_check.sh build --splitk MODELS`` builds an
+entry MODEL+splitk that way, and with ``--unit-costs`` times every unit with it, so a GPU run shows per kernel
+where it beats DLight's ``Matmul`` schedule.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
-# at most this many outputs: more fill an H100 with DLight's GEMM tiles (Inception-v3's 35x35 convolutions with 64
-# channels have 78,400)
-MAX_OUTPUTS = 1 << 16
+# DLight's Matmul rule tiles a convolution's GEMM into blocks of 32 output pixels x 64 output channels; below this
+# many blocks (two per SM of a 132-SM H100) it leaves the device mostly idle, and this rule takes the kernel
+# (Inception-v3: its 8x8 and 17x17 convolutions, 6-60 blocks, and its 35x35 ones with 32-96 channels, 39-78)
+GEMM_TILE = (32, 64)
+MIN_GEMM_BLOCKS = 264
 # at least this many terms per output: shorter reductions leave a group of threads too little to sum
-MIN_REDUCTION = 256
+MIN_REDUCTION = 128
 PIXELS_PER_BLOCK = 32            # threadIdx.x: neighbouring output pixels of one channel (one warp)
 SPLIT_LONG, SPLIT_SHORT = 16, 8  # threadIdx.y: threads per output, 16 from 1024 terms on (at least 64 terms each)
 
@@ -40,14 +45,20 @@ def _int_extent(sch: s_tir.Schedule, loop) -> int | None:
     return int(ext) if isinstance(ext, tirx.IntImm) else None
 
 
+def gemm_blocks(pixels: int, channels: int) -> int:
+    """Thread blocks DLight's Matmul rule launches for a convolution with these output pixels and channels."""
+    return -(-pixels // GEMM_TILE[0]) * -(-channels // GEMM_TILE[1])
+
+
 def split_for(reduction: int) -> int:
     """Threads per output for a reduction of ``reduction`` terms."""
     return SPLIT_LONG if reduction >= 1024 else SPLIT_SHORT
 
 
 class SplitReductionConv(GPUScheduleRule):
-    """Convolutions (NCHW, ``conv2d`` blocks) with at most ``MAX_OUTPUTS`` outputs and at least ``MIN_REDUCTION``
-    terms per output, followed by at most an elementwise epilogue; anything else returns None (the next rule)."""
+    """Convolutions (NCHW, ``conv2d`` blocks) that DLight would tile into fewer than ``MIN_GEMM_BLOCKS`` blocks,
+    with at least ``MIN_REDUCTION`` terms per output, followed by at most an elementwise epilogue; anything else
+    returns None (the next rule)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:  # noqa: D102
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -80,12 +91,12 @@ def schedule_split_reduction(func: tirx.PrimFunc, bind_threads: bool = True) -> 
     extents = [_int_extent(sch, lp) for lp in loops]
     if any(e is None for e in extents):
         return None
-    outputs = reduction = 1
-    for e in extents[:n_spatial]:
-        outputs *= e
+    pixels = reduction = 1
+    for e in extents[1:n_spatial]:
+        pixels *= e
     for e in extents[n_spatial:]:
         reduction *= e
-    if outputs > MAX_OUTPUTS or reduction < MIN_REDUCTION:
+    if gemm_blocks(pixels, extents[0]) >= MIN_GEMM_BLOCKS or reduction < MIN_REDUCTION:
         return None
     split = split_for(reduction)
     bind = sch.bind if bind_threads else (lambda loop, thread: None)
