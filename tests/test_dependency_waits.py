@@ -110,3 +110,47 @@ def test_program_model_prices_the_h100_inception_ios_dependency_program():
     # measured on the H100 (2026-11-26): stage 4.404 ms, dependency (consumer waits) 6.382 ms
     assert consumer > 1.3 * stage
     assert hoisted <= 1.01 * stage
+
+
+def _issued_kinds(func, kernel_names: set[str]) -> list[tuple]:
+    """("sync",) / ("set",) / ("kernel", name) in binding order of a Relax function of the as-built IR."""
+    from tvm import relax
+
+    out = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if not isinstance(v, relax.Call):
+                continue
+            if isinstance(v.op, relax.ExternFunc):
+                sym = str(v.op.global_symbol)
+                if sym == "runtime.Device_StreamSyncFromTo":
+                    out.append(("sync",))
+                elif sym == "runtime.Device_SetStream":
+                    out.append(("set",))
+            elif isinstance(v.op, relax.GlobalVar) and v.op.name_hint in kernel_names:
+                out.append(("kernel", v.op.name_hint))
+    return out
+
+
+@pytest.mark.parametrize("waits", WAIT_PLACEMENTS)
+def test_the_build_issues_the_planned_waits(small_inception, waits):
+    """The IR the CUDA build compiles (its pipeline up to KillAfterLastUse, ``passes.as_built``) issues the
+    planned syncs, stream switches and kernels in the planned order: the placement the tests above reason about
+    is the one that ships."""
+    from tvm_interop.passes.as_built import as_built_ir
+    from tvm_interop.runtime.cuda import MAIN_FUNC
+
+    program, sched = small_inception
+    low = lower_program(program, sched, "cuda -arch=sm_90", mode="dependency", waits=waits)
+    g = program.graph
+    kernels = {u.func_name for u in g.units}
+    planned = [("kernel", g.unit(o.unit).func_name) if o.kind == "unit" else (o.kind,)
+               for o in low.programs[MAIN_FUNC].ops if o.kind in ("unit", "sync", "set")]
+    assert sum(k[0] == "kernel" for k in planned) == len(g.units) and ("sync",) in planned
+    built = as_built_ir(low.mod, "cuda -arch=sm_90", graph_funcs=())
+    assert _issued_kinds(built[MAIN_FUNC], kernels) == planned
+    other = "consumer" if waits == "stage-start" else "stage-start"
+    other_ops = lower_program(program, sched, "cuda -arch=sm_90", mode="dependency", waits=other).programs[MAIN_FUNC]
+    assert planned != [("kernel", g.unit(o.unit).func_name) if o.kind == "unit" else (o.kind,)
+                       for o in other_ops.ops if o.kind in ("unit", "sync", "set")]   # the placements differ
