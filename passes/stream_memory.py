@@ -236,11 +236,8 @@ class _Replay:
     def workspaces(self, kernel: str) -> list[str]:
         """The global buffers ``kernel`` allocates for itself (none for library calls and unknown names)."""
         if kernel not in self._workspaces:
-            func = None
-            for gv in self.mod.get_global_vars():
-                if gv.name_hint == kernel:
-                    func = self.mod[gv]
-                    break
+            gv = next((gv for gv in self.mod.get_global_vars() if gv.name_hint == kernel), None)
+            func = self.mod[gv] if gv is not None else None
             self._workspaces[kernel] = global_workspaces(func) if isinstance(func, tvm.tirx.PrimFunc) else []
         return self._workspaces[kernel]
 

@@ -137,8 +137,7 @@ def apply_split_reduction(mod, target: Target) -> tuple[object, list[str]]:
             continue
         if func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]):
             continue
-        with target:
-            sch = SplitReductionConv().apply(func, target, False)
+        sch = SplitReductionConv().apply(func, target, False)
         if sch is not None:
             updated[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
             names.append(gv.name_hint)

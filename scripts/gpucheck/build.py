@@ -520,20 +520,16 @@ def _source_revision() -> str:
 def _manifest(ctx: BuildContext) -> dict:
     import tvm
 
+    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT
+
     a = ctx.args
     return {"format": "tvm-interop-gpu-check", "version": 1,
             "target": f"cuda -arch={ctx.target.attrs['arch']}" if ctx.gpu else ctx.target.kind.name,
             "device": "cuda" if ctx.gpu else "cpu", "tvm": tvm.__version__, "built_on": platform.node(),
             "built_from": _source_revision(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "width": a.width, "image_size": a.image_size, "batch": a.batch, "seed": a.seed, "cost": a.cost,
-            "max_streams": a.max_streams, "waits": _default_waits(), "models": []}
-
-
-def _default_waits() -> str:
-    """The dependency mode's wait placement of this build's unlabelled variants (the fit reproduces them)."""
-    from tvm_interop.passes.lower_streams import DEFAULT_WAIT_PLACEMENT
-
-    return DEFAULT_WAIT_PLACEMENT
+            # the dependency mode's wait placement of the unlabelled variants (what the fit reproduces them with)
+            "max_streams": a.max_streams, "waits": DEFAULT_WAIT_PLACEMENT, "models": []}
 
 
 def _model_list(text: str, names: list[str], option: str) -> list[str]:
