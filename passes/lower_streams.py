@@ -33,6 +33,13 @@ prepared module with these functions (names in :mod:`runtime.cuda`):
   static buffers first and the outputs copied out last, so that TVM's ``RewriteCUDAGraph`` (applied to this
   function only, see ``passes.cuda_build``) lifts everything in between into one captured graph.
 * ``main(*inputs)``: calls one of the two with the cached streams.
+* ``__tvm_interop_stage_times(streams)`` (``stage_timing=True``: CUDA, stage mode, no CUDA graph): the last
+  call's in-context time of every stage, in ms. The scheduled function records a timing event of the native
+  extension (``tvm_interop.cuda.timing_record``) on the caller's stream when each stage begins and after the last;
+  in stage mode every stage is joined into that stream before the next one starts, so consecutive events span
+  what each stage cost *inside the program* (its launch gaps, host work and events included), and the times add
+  up to the program's device time. A stage timed alone (the cost tables) leaves all that out, which is why
+  isolated stage costs did not add up to the program on the H100 (issue 12). The timing pool is the last handle.
 
 The number of streams is ``min(max_streams, widest stage)``; ``max_streams`` above :func:`stream_limit` (32, or
 ``TVM_INTEROP_STREAM_LIMIT``) is clamped with a logged warning. Groups beyond the streams share them
@@ -61,7 +68,7 @@ import tvm
 from tvm import relax, tirx
 
 from tvm_interop.runtime.cuda import (COPY_FUNC, CURRENT_STREAM_FUNC, DL_DEVICE_TYPE, FREE_STREAMS_FUNC, KEEPALIVE_FUNC,
-                          MAIN_FUNC, MAIN_GRAPH_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
+                          MAIN_FUNC, MAIN_GRAPH_FUNC, STAGE_TIMES_FUNC, STREAM_CACHE_INDEX, STREAMS_FUNC)
 from tvm_interop.runtime.errors import InteropError, ScheduleError
 
 from .extract import Program
@@ -88,6 +95,12 @@ SYNC_MODES = ("tvm", "events")
 EVENTS_CREATE = "tvm_interop.cuda.events_create"
 EVENTS_FREE = "tvm_interop.cuda.events_free"
 EVENT_SYNC = "tvm_interop.cuda.event_sync"
+# In-context stage timing (``stage_timing=True``): a pool of timing events of the native extension, one per stage
+# boundary, recorded on the caller's stream; ``__tvm_interop_stage_times(streams)`` reads the last call's times.
+TIMING_CREATE = "tvm_interop.cuda.timing_create"
+TIMING_FREE = "tvm_interop.cuda.timing_free"
+TIMING_RECORD = "tvm_interop.cuda.timing_record"
+TIMING_READ = "tvm_interop.cuda.timing_read"
 SET = "runtime.Device_SetStream"
 CREATE = "runtime.Device_StreamCreate"
 FREE = "runtime.Device_StreamFree"
@@ -155,7 +168,8 @@ class StreamProgram:
         return out
 
 
-def _groups_of(stage) -> list[list[str]]:
+def stage_groups(stage) -> list[list[str]]:
+    """The groups a stage issues, each on its own stream (a merge stage's units run as separate kernels here)."""
     return [[u] for u in stage.units] if stage.strategy == MERGE else [list(g) for g in stage.groups]
 
 
@@ -181,13 +195,13 @@ def plan_streams(program: Program, schedule: Schedule, mode: str = "stage", num_
             unit_stream[f"__in{i}"] = MAIN
     if num_streams <= 0:
         for si, stage in enumerate(schedule.stages):
-            for g in _groups_of(stage):
+            for g in stage_groups(stage):
                 for u in g:
                     ops.append(StreamOp("unit", unit=u, stage=si))
                     unit_stream[u] = MAIN
     elif mode == "stage":
         for si, stage in enumerate(schedule.stages):
-            groups = _groups_of(stage)
+            groups = stage_groups(stage)
             if len(groups) == 1:
                 for u in groups[0]:
                     ops.append(StreamOp("unit", unit=u, stage=si))
@@ -231,7 +245,7 @@ def _dependency_ops(program: Program, schedule: Schedule, n: int, unit_stream: d
     where: dict[str, int] = {}
     tick = 0
     for si, stage in enumerate(schedule.stages):
-        groups = _groups_of(stage)
+        groups = stage_groups(stage)
         taken: set[int] = set()
         for gi, g in enumerate(groups):
             prods = [p for u in g for p in graph.pred_names(u) if p not in g]
@@ -485,6 +499,12 @@ class Lowered:
     prefix: str = ""
     sync: str = "tvm"      # what orders the streams: TVM's per-call event, or the reused events ("events")
     waits: str = DEFAULT_WAIT_PLACEMENT   # dependency mode: where cross-stream waits are issued (WAIT_PLACEMENTS)
+    stage_timing: bool = False   # the function records in-context stage times (``stage_times_function``)
+
+    @property
+    def stage_times_function(self) -> str:
+        """The function that returns the last call's in-context stage times (present when ``stage_timing``)."""
+        return self.prefix + STAGE_TIMES_FUNC
 
     @property
     def graph_function(self) -> str:
@@ -496,11 +516,12 @@ class ProgramEmitter:
     """Shared state of one lowering: the BlockBuilder and the helper functions added to it."""
 
     def __init__(self, program: Program, device: str, lift_constants: bool = False, prefix: str = "",
-                 sync: str = "tvm"):
+                 sync: str = "tvm", timed_stages: int = 0):
         if sync not in SYNC_MODES:
             raise InteropError(f"unknown sync {sync!r}; use one of {SYNC_MODES}")
         if sync == "events" and device != "cuda":
             raise InteropError(f"sync='events' uses CUDA events; the target device is {device}")
+        self.timed_stages = timed_stages   # > 0: record a timing event at every stage boundary
         self.program = program
         self.device = device
         self.sync = sync
@@ -595,11 +616,20 @@ class ProgramEmitter:
             svars = [bb.emit(relax.TupleGetItem(streams_param, k), name_hint=f"stream{k}") for k in range(n_streams)]
             events = bb.emit(relax.TupleGetItem(streams_param, n_streams), name_hint="events") \
                 if self.uses_events(n_streams) else None
+            timing = bb.emit(relax.TupleGetItem(streams_param, self.handle_count(n_streams) - 1),
+                             name_hint="timing") if self.timed_stages else None
+            timed = -1   # the last stage whose start was recorded
+
+            def record(k: int) -> None:
+                bb.emit(self.packed(TIMING_RECORD, timing, _i64(k), main_s), name_hint="timed")
 
             def sv(s: int):
                 return main_s if s == MAIN else svars[s]
 
             for o in sp.ops:
+                if timing is not None and o.stage > timed:   # stage o.stage begins: all before it is joined
+                    record(o.stage)
+                    timed = o.stage
                 if o.kind == "sync" and events is not None:   # event k belongs to source stream k (MAIN: the last)
                     k = n_streams if o.a == MAIN else o.a
                     bb.emit(self.packed(EVENT_SYNC, events, _i64(k), sv(o.a), sv(o.b)), name_hint="event")
@@ -619,6 +649,11 @@ class ProgramEmitter:
                     nv = bb.emit(remap(value), name_hint=uc.binding_var.name)
                     var_map[uc.binding_var] = nv
                     unit_var[o.unit] = nv
+            if timing is not None:
+                if timed != self.timed_stages - 1:
+                    raise InteropError(f"stage timing: recorded {timed + 1} stage starts, the schedule has "
+                                       f"{self.timed_stages} stages")
+                record(self.timed_stages)
             result = remap(old_main.body.body)
             if staged:  # copy every output leaf out of the static buffers, on the caller's stream
                 leaves = _leaves(bb, result)
@@ -635,8 +670,9 @@ class ProgramEmitter:
         return self.sync == "events" and n_streams > 0
 
     def handle_count(self, n_streams: int) -> int:
-        """Handles the scheduled function takes: its streams, then the event pool when it uses reused events."""
-        return n_streams + (1 if self.uses_events(n_streams) else 0)
+        """Handles the scheduled function takes: its streams, then the event pool when it uses reused events, then
+        the timing pool when it records stage times."""
+        return n_streams + (1 if self.uses_events(n_streams) else 0) + (1 if self.timed_stages else 0)
 
     def emit_stream_funcs(self, n: int):
         """``__tvm_interop_streams()`` creates the handles once per loaded model (streams, then the event pool: one
@@ -647,6 +683,9 @@ class ProgramEmitter:
             hs = [bb.emit(self.packed(CREATE, self.dev, ty=ty), name_hint=f"stream{k}") for k in range(n)]
             if self.uses_events(n):
                 hs.append(bb.emit(self.packed(EVENTS_CREATE, _i64(0), _i64(n + 1), ty=ty), name_hint="events"))
+            if self.timed_stages:
+                hs.append(bb.emit(self.packed(TIMING_CREATE, _i64(0), _i64(self.timed_stages + 1), ty=ty),
+                                  name_hint="timing"))
             out = bb.emit(relax.Tuple(hs), name_hint="streams")
             bb.emit_func_output(out)
         streams = relax.Var("streams", relax.TupleType([ty] * self.handle_count(n)))
@@ -657,7 +696,16 @@ class ProgramEmitter:
             if self.uses_events(n):
                 ev = bb.emit(relax.TupleGetItem(streams, n), name_hint="events")
                 bb.emit(self.packed(EVENTS_FREE, ev), name_hint="freed")
+            if self.timed_stages:
+                tm = bb.emit(relax.TupleGetItem(streams, self.handle_count(n) - 1), name_hint="timing")
+                bb.emit(self.packed(TIMING_FREE, tm), name_hint="freed")
             bb.emit_func_output(relax.Tuple([]))
+        if self.timed_stages:
+            streams = relax.Var("streams", relax.TupleType([ty] * self.handle_count(n)))
+            with bb.function(self.prefix + STAGE_TIMES_FUNC, [streams], pure=False):
+                tm = bb.emit(relax.TupleGetItem(streams, self.handle_count(n) - 1), name_hint="timing")
+                times = bb.emit(self.packed(TIMING_READ, tm, _i64(self.timed_stages + 1)), name_hint="times")
+                bb.emit_func_output(times)
         return bb.get().get_global_var(self.prefix + STREAMS_FUNC)
 
     def emit_main(self, target_gv, streams_gv, n: int, gpu: bool, cache_index: int = STREAM_CACHE_INDEX):
@@ -718,7 +766,7 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
                   max_streams: int = DEFAULT_MAX_STREAMS, mode: str = "stage", cuda_graph: bool = False,
                   keep_alive: bool = True, lift_constants: bool = False, prefix: str = "",
                   stream_cache_index: int = STREAM_CACHE_INDEX, sync: str = "tvm",
-                  waits: str = DEFAULT_WAIT_PLACEMENT) -> Lowered:
+                  waits: str = DEFAULT_WAIT_PLACEMENT, stage_timing: bool = False) -> Lowered:
     """Lower ``schedule`` into the functions described in the module docstring. ``keep_alive=False`` leaves out
     the lifetime extension (deliberately unsafe; only for testing the memory checker). ``lift_constants``: the
     model's constants become parameters after the inputs (``main(*inputs, *weights)``; used by the GPU check, whose
@@ -728,11 +776,20 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
     ``Device_StreamSyncFromTo``: an event created and destroyed per call) or ``"events"`` (CUDA: reused events of
     the native extension, created with the streams; see :data:`SYNC_MODES`). ``waits``: where dependency mode
     issues its cross-stream waits (:data:`WAIT_PLACEMENTS`; ``"consumer"`` rebuilds the programs of the builds
-    before 2026-11-27 for comparison)."""
+    before 2026-11-27 for comparison). ``stage_timing``: record every stage's in-context time (see the module
+    docstring; CUDA, stage mode, without CUDA graph; the program issues one more host call per stage)."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
     schedule.validate(program.graph)
     dev_kind = device_kind(target)
+    if stage_timing:
+        why = ("it times with CUDA events" if dev_kind != "cuda" else
+               "in dependency mode stages overlap, so no point of the caller's stream separates them"
+               if mode != "stage" else
+               "a timing event inside a captured graph is timed at capture, not at replay" if cuda_graph else None)
+        if why:
+            raise InteropError(f"stage timing needs a CUDA target, stage mode and no CUDA graph ({why}; target "
+                               f"device {dev_kind}, mode {mode}, cuda_graph={cuda_graph})")
     gpu = dev_kind in GPU_KINDS
     n = resolve_stream_count(max_streams, schedule.max_concurrency())
     reason = None
@@ -740,7 +797,8 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
         reason = f"CUDA graphs need a CUDA target (target device is {dev_kind})"
         log.warning("cuda_graph requested but not used: %s", reason)
         cuda_graph = False
-    em = ProgramEmitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix, sync=sync)
+    em = ProgramEmitter(program, dev_kind, lift_constants=lift_constants, prefix=prefix, sync=sync,
+                        timed_stages=schedule.num_stages if stage_timing else 0)
     programs = {MAIN_FUNC: plan_streams(program, schedule, mode, n, staged_io=False, keep_alive=keep_alive,
                                         waits=waits)}
     impl = em.emit_scheduled(MAIN_FUNC, programs[MAIN_FUNC], staged=False, n_streams=n)
@@ -762,7 +820,8 @@ def lower_program(program: Program, schedule: Schedule, target: "str | tvm.targe
     new_mod = tvm.IRModule(funcs, attrs=mod.attrs)
     return Lowered(mod=new_mod, programs=programs, num_streams=n, mode=mode, device=dev_kind, cuda_graph=cuda_graph,
                    cuda_graph_reason=reason, prefix=prefix, sync=sync if em.uses_events(n) else "tvm",
-                   waits=waits if mode == "dependency" and n > 0 else DEFAULT_WAIT_PLACEMENT)
+                   waits=waits if mode == "dependency" and n > 0 else DEFAULT_WAIT_PLACEMENT,
+                   stage_timing=stage_timing)
 
 
 def lift_main_constants(program: Program, name: str = "main") -> tvm.IRModule:

@@ -40,6 +40,9 @@ MAIN_GRAPH_FUNC = "__tvm_interop_main_graph"
 STREAMS_FUNC = "__tvm_interop_streams"
 FREE_STREAMS_FUNC = "__tvm_interop_free_streams"
 CURRENT_STREAM_FUNC = "__tvm_interop_current_stream"
+# A program lowered with stage timing: ``__tvm_interop_stage_times(streams)`` -> the last call's in-context stage
+# times (ms), read from the timing events its stages recorded (``passes.lower_streams``).
+STAGE_TIMES_FUNC = "__tvm_interop_stage_times"
 # The keep-alive use of tensors (``passes.lower_streams``): an impure packed call that no Relax pass may drop.
 # ``ffi.Array`` (tvm-ffi's array constructor) is in every TVM runtime, touches no device memory, and is not a
 # ``vm.builtin.*`` function, which TVM's RewriteCUDAGraph would refuse to capture (splitting the graph).

@@ -8,6 +8,9 @@ exported model ``.so`` that TVM's runtime loads:
 ``tvm_interop.cuda.events_create(device_id, n) -> handle`` / ``events_free(handle)`` /
 ``event_sync(handle, k, src_stream, dst_stream)``
     a pool of reusable events per loaded model (TVM's ``runtime.Device_StreamSyncFromTo`` makes one per call).
+``tvm_interop.cuda.timing_create(device_id, n) -> handle`` / ``timing_record(handle, k, stream)`` /
+``timing_read(handle, n) -> [ms]`` / ``timing_free(handle)``
+    timing events of a program lowered with stage timing: its stages' in-context device times.
 ``tvm_interop.cudnn.conv2d(params, x, w, [bias], [z], out)``
     ``params = [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, has_bias, has_z, relu, tf32]``.
 ``tvm_interop.cublas.dense(params, x, w, [bias], out)``
@@ -41,6 +44,10 @@ EXTENSION_FUNCTIONS = (
     "tvm_interop.cuda.events_create",
     "tvm_interop.cuda.events_free",
     "tvm_interop.cuda.event_sync",
+    "tvm_interop.cuda.timing_create",
+    "tvm_interop.cuda.timing_record",
+    "tvm_interop.cuda.timing_read",
+    "tvm_interop.cuda.timing_free",
     "tvm_interop.cudnn.conv2d",
     "tvm_interop.cublas.dense",
     "tvm_interop.native.info",

@@ -120,6 +120,10 @@ def main(argv=None) -> int:
                    help="where dependency-mode variants issue their cross-stream waits: stage-start (today's "
                         "lowering), consumer (the builds before 2026-11-27), or both (default: the consumer "
                         "placement as extra variants, '[waits at consumer]' in their names, so the run compares them)")
+    b.add_argument("--no-stage-times", dest="stage_times", action="store_false",
+                   help="leave out the timed twins: by default every direct stage-mode variant (TVM's sync, no merge, "
+                        "no wave) is also built with in-context stage timing, and the run records what each of its "
+                        "stages cost inside the program ('in_context' of the variant)")
     b.add_argument("--cudnn", default="all", metavar="MODELS",
                    help="comma-separated models (or all, the default; '' for none) that also get an entry "
                         "MODEL+cudnn: every offloadable convolution / dense layer as a cuDNN / cuBLAS call")

@@ -317,6 +317,18 @@ def test_cuda_build_squeezenet(tmp_path):
         assert v["sync"] == ("events" if "[events]" in v["name"] else "tvm")
         assert v["waits"] == ("consumer" if "[waits at consumer]" in v["name"] else "stage-start")
     assert m["waits"] == "stage-start"
+    # every direct stage-mode variant with TVM's sync (not wave-fused, not merged) has a timed twin: in-context
+    # stage times, one per stage of its schedule
+    timed = {v["name"]: v["stage_times"] for v in entry["variants"] if v.get("stage_times")}
+    assert set(timed) == {n for n in ("sequential", "greedy", "lios", "ios") if n in names
+                          and not next(v for v in entry["variants"] if v["name"] == n).get("weight_recipe")}
+    for n, st in timed.items():
+        v = next(v for v in entry["variants"] if v["name"] == n)
+        assert len(st["stages"]) == len(st["predicted_ms"]) == v["stages"]
+        assert st["function"].endswith("timed____tvm_interop_main") and st["read"].endswith("__tvm_interop_stage_times")
+        units = [u for stage in st["stages"] for g in stage for u in g]
+        assert len(units) == len(set(units)) == entry["units"]   # every unit once
+    assert len(timed) >= 3
     for v in entry["variants"]:
         assert (d / (v["library"] + ".xz")).exists() and v["function"]
         if v["name"] != "plain TVM" and not v["name"].startswith("plain"):
@@ -461,6 +473,23 @@ def test_splitk_unit_summary():
     line = gcreport._splitk_line(sk)
     assert "faster than DLight's for 1" in line[1] and "156 us as DLight's kernels" in line[1]
     assert gcreport._splitk_line(None) == []
+
+
+def test_report_sets_in_context_stage_costs_against_the_program():
+    """The in-context stage table (illustrative numbers, not a measurement): the sum of the stages' in-context
+    medians against the measured latency, and the stage the scheduler's own cost misses most."""
+    from gpucheck import report as gcreport
+
+    ic = {"stages_ms": [0.010, 0.050, 0.020], "predicted_stages_ms": [0.012, 0.020, 0.021], "sum_ms": 0.080,
+          "timed_median_ms": 0.084, "ok": True}
+    model = {"name": "m", "units": 3, "image_size": 32, "variants": [
+        {"name": "ios", "median_ms": 0.082, "ok": True, "in_context": ic},
+        {"name": "lios", "median_ms": 0.1, "ok": True, "in_context": {"error": "no GPU"}},
+        {"name": "greedy", "median_ms": 0.1, "ok": True}]}
+    rows = gcreport._in_context_table(model)
+    assert "| ios | 3 | 0.082 | 0.084 | 0.080 | 0.98 | 0.053 | stage 1: 50 us in context, 20 us predicted |" in rows
+    assert rows[-2] == "Not timed: lios: no GPU"
+    assert "Stage costs in context" in gcreport.render_markdown({"models": [model]})
 
 
 def test_report_sets_consumer_waits_against_stage_start():

@@ -246,6 +246,15 @@ def test_events_refuse_bad_calls(loaded):
         _fn("tvm_interop.cuda.events_free")(0)
 
 
+
+def test_timing_events_refuse_bad_calls(loaded):
+    with pytest.raises(ValueError, match="a time needs two events"):
+        _fn("tvm_interop.cuda.timing_create")(0, 1)
+    for name, args in (("timing_record", (0, 0, None)), ("timing_read", (0, 2)), ("timing_free", (0,))):
+        with pytest.raises(ValueError, match="not a timing pool handle"):
+            _fn(f"tvm_interop.cuda.{name}")(*args)
+
+
 # ---- real calls without a GPU ----------------------------------------------------------------------------------
 
 # A child that calls every function with well-formed CUDA tensors (DLPack tensors that claim cuda:0; their data is
@@ -283,6 +292,7 @@ _CALLS = textwrap.dedent('''
 
     calls = {
         "events_create": ("tvm_interop.cuda.events_create", (0, 4)),
+        "timing_create": ("tvm_interop.cuda.timing_create", (0, 4)),
         "conv2d": ("tvm_interop.cudnn.conv2d", ([1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0], cuda_tensor(1, 3, 8, 8),
                                                 cuda_tensor(4, 3, 3, 3), cuda_tensor(4), cuda_tensor(1, 4, 8, 8))),
         "dense": ("tvm_interop.cublas.dense", ([0, 0, 1, 0], cuda_tensor(2, 4), cuda_tensor(3, 4),
@@ -307,6 +317,8 @@ def test_calls_without_gpu_fail_clearly(ext, tmp_path, preload):
     device = "no usable CUDA device"
     assert out["events_create"].startswith("RuntimeError: tvm_interop.cuda.events_create: ")
     assert device in out["events_create"] or "libcudart.so.13" in out["events_create"], out
+    assert out["timing_create"].startswith("RuntimeError: tvm_interop.cuda.timing_create: ")
+    assert device in out["timing_create"] or "libcudart.so.13" in out["timing_create"], out
     conv, dense = out["conv2d"], out["dense"]
     assert conv.startswith("RuntimeError: tvm_interop.cudnn.conv2d: "), conv
     assert dense.startswith("RuntimeError: tvm_interop.cublas.dense: "), dense

@@ -6,6 +6,10 @@
 //   tvm_interop.cuda.events_create(device_id, n) -> handle     a pool of n cudaEventDisableTiming events
 //   tvm_interop.cuda.events_free(handle)
 //   tvm_interop.cuda.event_sync(handle, k, src_stream, dst_stream)
+//   tvm_interop.cuda.timing_create(device_id, n) -> handle     a pool of n timing events (in-context stage times)
+//   tvm_interop.cuda.timing_record(handle, k, stream)          record timing event k on stream
+//   tvm_interop.cuda.timing_read(handle, n) -> [ms]            elapsed time between events k-1 and k, k = 1..n-1
+//   tvm_interop.cuda.timing_free(handle)
 //   tvm_interop.cudnn.conv2d(params, x, w, [bias], [z], out)   out = act(conv(x, w) + bias + z)
 //   tvm_interop.cublas.dense(params, x, w, [bias], out)        out = act(x . w(^T) + bias)
 //   tvm_interop.native.info() -> str                           JSON: version, functions, libraries
@@ -30,6 +34,7 @@
 #include <cudnn.h>
 #include <dlfcn.h>
 #include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -65,12 +70,17 @@ constexpr const char* kVersion = "0.1.0";
 constexpr const char* kEventsCreate = "tvm_interop.cuda.events_create";
 constexpr const char* kEventsFree = "tvm_interop.cuda.events_free";
 constexpr const char* kEventSync = "tvm_interop.cuda.event_sync";
+constexpr const char* kTimingCreate = "tvm_interop.cuda.timing_create";
+constexpr const char* kTimingRecord = "tvm_interop.cuda.timing_record";
+constexpr const char* kTimingRead = "tvm_interop.cuda.timing_read";
+constexpr const char* kTimingFree = "tvm_interop.cuda.timing_free";
 constexpr const char* kConv2d = "tvm_interop.cudnn.conv2d";
 constexpr const char* kDense = "tvm_interop.cublas.dense";
 constexpr const char* kInfo = "tvm_interop.native.info";
 constexpr const char* kCallStats = "tvm_interop.native.call_stats";
-constexpr std::array<const char*, 7> kFunctionNames = {kEventsCreate, kEventsFree, kEventSync, kConv2d,
-                                                       kDense,        kInfo,       kCallStats};
+constexpr std::array<const char*, 11> kFunctionNames = {
+    kEventsCreate, kEventsFree, kEventSync, kTimingCreate, kTimingRecord, kTimingRead,
+    kTimingFree,   kConv2d,     kDense,     kInfo,         kCallStats};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lazily loaded CUDA libraries.
@@ -90,6 +100,8 @@ constexpr std::array<const char*, 7> kFunctionNames = {kEventsCreate, kEventsFre
   X(cudaEventCreateWithFlags)        \
   X(cudaEventDestroy)                \
   X(cudaEventRecord)                 \
+  X(cudaEventSynchronize)            \
+  X(cudaEventElapsedTime)            \
   X(cudaStreamWaitEvent)             \
   X(cudaStreamIsCapturing)           \
   X(cudaThreadExchangeStreamCaptureMode) \
@@ -670,6 +682,114 @@ void EventSync(int64_t handle, int64_t k, ffi::AnyView src_stream, ffi::AnyView 
   DeviceGuard guard(rt, pool->device, caller);
   TVM_INTEROP_CUDA_CALL(rt, caller, cudaEventRecord, pool->events[k], src);
   TVM_INTEROP_CUDA_CALL(rt, caller, cudaStreamWaitEvent, dst, pool->events[k], 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Timing events: in-context stage times.
+// ---------------------------------------------------------------------------------------------------------------
+
+// Why: a stage timed alone (the cost tables) does not cost what it costs inside the program (launch gaps, host
+// work, neighbours), so the stage costs of a scheduler do not add up to the program. A program lowered with
+// stage timing (passes.lower_streams, ``stage_timing``) records timing event k on the caller's stream when
+// stage k begins; every stage has been joined into that stream by then, so event k - 1 -> k spans exactly the
+// device time stage k - 1 occupied in context, host gaps included, and the times add up to the program.
+// The pool is an EventPool with its own magic: its events keep timing enabled, and a handle of one kind is
+// never accepted as the other.
+constexpr uint64_t kTimingPoolMagic = 0x7476'6d69'7469'0001ULL;  // "tvmiti" + layout version 1
+
+EventPool* TimingPoolFromHandle(int64_t handle, const char* caller) {
+  auto* pool = reinterpret_cast<EventPool*>(static_cast<intptr_t>(handle));
+  if (handle == 0 || handle % alignof(EventPool) != 0 ||
+      (pool->magic != kTimingPoolMagic && pool->magic != kEventPoolFreed)) {
+    TVM_FFI_THROW(ValueError) << caller << ": " << handle << " is not a timing pool handle (from "
+                              << kTimingCreate << ")";
+  }
+  if (pool->magic == kEventPoolFreed) {
+    TVM_FFI_THROW(ValueError) << caller << ": the timing pool was already freed";
+  }
+  return pool;
+}
+
+int64_t TimingCreate(int64_t device_id, int64_t n) {
+  const char* caller = kTimingCreate;
+  if (device_id < 0 || device_id > std::numeric_limits<int32_t>::max()) {
+    TVM_FFI_THROW(ValueError) << caller << ": device_id must be >= 0, got " << device_id;
+  }
+  if (n < 2 || n > (int64_t(1) << 20)) {
+    TVM_FFI_THROW(ValueError) << caller << ": n must be in [2, 2^20] (a time needs two events), got " << n;
+  }
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, static_cast<int>(device_id), caller);
+  auto events = std::make_unique<cudaEvent_t[]>(n);
+  for (int64_t k = 0; k < n; ++k) {
+    cudaError_t err = rt.cudaEventCreateWithFlags(&events[k], cudaEventDefault);   // timing enabled
+    if (err != cudaSuccess) {
+      for (int64_t j = 0; j < k; ++j) rt.cudaEventDestroy(events[j]);
+      CheckCuda(rt, err, "cudaEventCreateWithFlags", caller);
+    }
+  }
+  auto* pool = new EventPool{kTimingPoolMagic, static_cast<int32_t>(device_id), static_cast<int32_t>(n),
+                             events.release()};
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(pool));
+}
+
+void TimingRecord(int64_t handle, int64_t k, ffi::AnyView stream) {
+  const char* caller = kTimingRecord;
+  EventPool* pool = TimingPoolFromHandle(handle, caller);
+  if (k < 0 || k >= pool->count) {
+    TVM_FFI_THROW(ValueError) << caller << ": event index " << k << " out of range [0, " << pool->count << ")";
+  }
+  const cudaStream_t s = StreamArg(stream, caller, "stream");
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, pool->device, caller);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TVM_INTEROP_CUDA_CALL(rt, caller, cudaStreamIsCapturing, s, &status);
+  if (status != cudaStreamCaptureStatusNone) {
+    // inside a captured graph a timing event would become a graph node timed at capture, not at replay
+    TVM_FFI_THROW(RuntimeError) << caller << ": stage timing cannot run inside a CUDA-graph capture; time the "
+                                << "program's direct (uncaptured) function";
+  }
+  TVM_INTEROP_CUDA_CALL(rt, caller, cudaEventRecord, pool->events[k], s);
+}
+
+// Waits for event n - 1, then returns the n - 1 times (milliseconds) between consecutive events.
+ffi::Array<double> TimingRead(int64_t handle, int64_t n) {
+  const char* caller = kTimingRead;
+  EventPool* pool = TimingPoolFromHandle(handle, caller);
+  if (n < 2 || n > pool->count) {
+    TVM_FFI_THROW(ValueError) << caller << ": n must be in [2, " << pool->count << "], got " << n;
+  }
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, pool->device, caller);
+  TVM_INTEROP_CUDA_CALL(rt, caller, cudaEventSynchronize, pool->events[n - 1]);
+  ffi::Array<double> out;
+  for (int64_t k = 1; k < n; ++k) {
+    float ms = 0.0f;
+    cudaError_t err = rt.cudaEventElapsedTime(&ms, pool->events[k - 1], pool->events[k]);
+    if (err != cudaSuccess) {
+      rt.cudaGetLastError();
+      TVM_FFI_THROW(RuntimeError) << caller << ": no time between events " << (k - 1) << " and " << k
+                                  << " (were both recorded by a finished call of the timed program?): "
+                                  << rt.cudaGetErrorName(err) << " (" << rt.cudaGetErrorString(err) << ")";
+    }
+    out.push_back(static_cast<double>(ms));
+  }
+  return out;
+}
+
+void TimingFree(int64_t handle) {
+  const char* caller = kTimingFree;
+  EventPool* pool = TimingPoolFromHandle(handle, caller);
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, pool->device, caller);
+  cudaError_t first = cudaSuccess;
+  for (int32_t k = 0; k < pool->count; ++k) {
+    cudaError_t err = rt.cudaEventDestroy(pool->events[k]);
+    if (first == cudaSuccess) first = err;
+  }
+  pool->magic = kEventPoolFreed;
+  delete[] pool->events;
+  CheckCuda(rt, first, "cudaEventDestroy", caller);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1389,6 +1509,10 @@ void RegisterAll() {
   ffi::Function::SetGlobal(kEventsCreate, ffi::Function::FromTyped(&EventsCreate, kEventsCreate), kOverride);
   ffi::Function::SetGlobal(kEventsFree, ffi::Function::FromTyped(&EventsFree, kEventsFree), kOverride);
   ffi::Function::SetGlobal(kEventSync, ffi::Function::FromTyped(&EventSync, kEventSync), kOverride);
+  ffi::Function::SetGlobal(kTimingCreate, ffi::Function::FromTyped(&TimingCreate, kTimingCreate), kOverride);
+  ffi::Function::SetGlobal(kTimingRecord, ffi::Function::FromTyped(&TimingRecord, kTimingRecord), kOverride);
+  ffi::Function::SetGlobal(kTimingRead, ffi::Function::FromTyped(&TimingRead, kTimingRead), kOverride);
+  ffi::Function::SetGlobal(kTimingFree, ffi::Function::FromTyped(&TimingFree, kTimingFree), kOverride);
   ffi::Function::SetGlobal(kConv2d, ffi::Function::FromPacked(&Conv2d), kOverride);
   ffi::Function::SetGlobal(kDense, ffi::Function::FromPacked(&Dense), kOverride);
   ffi::Function::SetGlobal(kInfo, ffi::Function::FromTyped([]() -> ffi::String { return Info(); }, kInfo),

@@ -68,7 +68,7 @@ def _native_addons(program=None, lowered=()) -> list[str]:
     """The native extension's object when the library calls it (cuDNN / cuBLAS units, reused events): linked in,
     so the device loads one ``.so`` with TVM's runtime."""
     uses = (program is not None and any(c.is_library for c in program.calls.values())) or \
-        any(getattr(low, "sync", "tvm") == "events" for low in lowered)
+        any(getattr(low, "sync", "tvm") == "events" or getattr(low, "stage_timing", False) for low in lowered)
     if not uses:
         return []
     from tvm_interop.passes.offload import ensure_extension
@@ -247,6 +247,29 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
     return out
 
 
+def _timed_twins(ctx: BuildContext, pending: list[tuple], program) -> dict[str, Any]:
+    """For every direct stage-mode variant with TVM's sync (``--stage-times``, CUDA): the same program lowered
+    with in-context stage timing (``lower_program(stage_timing=True)``), so the run measures what each stage costs
+    inside the program next to its isolated cost. Keyed by the variant's prefix."""
+    from tvm_interop.passes.as_built import check_lowered
+    from tvm_interop.passes.lower_streams import lower_program
+
+    if not (ctx.gpu and getattr(ctx.args, "stage_times", True)):
+        return {}
+    out = {}
+    for spec, mode, prefix, low, sched, recipe in pending:
+        # stage mode only (dependency mode has no stage boundary on one stream); not the merged programs of IOS
+        # (their merged kernels are not the units the cost tables time) nor wave-fused ones
+        if mode != "stage" or low.sync != "tvm" or spec.endswith(WAVE) or recipe is not None:
+            continue
+        timed = lower_program(program, sched, ctx.target, max_streams=ctx.args.max_streams, mode="stage",
+                              cuda_graph=False, lift_constants=True, prefix=prefix + "timed__", sync="tvm",
+                              stage_timing=True)
+        check_lowered(timed.mod, ctx.target).raise_if_unsafe()
+        out[prefix] = timed
+    return out
+
+
 def schedule_files(specs: list[str], model: str, graph) -> list[tuple[str, Any]]:
     """The ``--schedule MODEL:LABEL=FILE`` schedules of ``model``: ``(label, Schedule)``, each validated against the
     model's graph (a schedule of another model, or one that misses or repeats a unit, is refused by name)."""
@@ -331,15 +354,16 @@ def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = Fals
                         waves: bool = True) -> tuple[list[dict], str, list[str]]:
     """The scheduled programs, all in one library sharing the kernels, each direct and with CUDA graph:
     variants, library, kernel formats."""
+    from tvm_interop.passes.lower_streams import stage_groups
     from tvm_interop.runtime.cuda import MAIN_GRAPH_FUNC
 
     pending = _lowered(ctx, name, program, waves)
+    timed = _timed_twins(ctx, pending, program)
     graph_funcs = [prefix + MAIN_GRAPH_FUNC for _, _, prefix, _, _, _ in pending]
-    ex, rep = _build(ctx, _merge([low.mod for _, _, _, low, _, _ in pending]), graph_funcs if ctx.gpu else [],
-                     check=True)
+    lows = [low for _, _, _, low, _, _ in pending] + list(timed.values())
+    ex, rep = _build(ctx, _merge([low.mod for low in lows]), graph_funcs if ctx.gpu else [], check=True)
     lib = os.path.join("libs", f"{name}.sched.so")
-    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches,
-                         _native_addons(program, [low for _, _, _, low, _, _ in pending]))
+    formats = _export_xz(ex, os.path.join(ctx.out, lib), ctx.arches, _native_addons(program, lows))
     variants = []
     for sname, mode, prefix, low, sched, recipe in pending:
         label = (sname if mode == "stage" else f"{sname} ({mode})") + (" [events]" if low.sync == "events" else "") \
@@ -351,8 +375,14 @@ def _scheduled_variants(ctx: BuildContext, name: str, program, tf32: bool = Fals
                   **({"weight_recipe": recipe} if recipe is not None else {})}
         gname = prefix + MAIN_GRAPH_FUNC
         syncs = {f: sp.count("sync") for f, sp in low.programs.items()}   # events issued per call (fork/join)
-        variants.append({"name": label, "function": prefix + FUNC, "cuda_graph": False, "syncs": syncs.get(FUNC),
-                         **common})
+        direct = {"name": label, "function": prefix + FUNC, "cuda_graph": False, "syncs": syncs.get(FUNC), **common}
+        if prefix in timed:   # the in-context stage times of this program (run: `in_context`)
+            t = timed[prefix]
+            direct["stage_times"] = {"function": t.prefix + FUNC, "streams": t.prefix + "__tvm_interop_streams",
+                                     "read": t.stage_times_function,
+                                     "stages": [stage_groups(st) for st in sched.stages],
+                                     "predicted_ms": [(st.predicted_latency or 0.0) * 1e3 for st in sched.stages]}
+        variants.append(direct)
         variants.append({"name": f"{label} + CUDA graph", "function": gname if ctx.gpu else prefix + FUNC,
                          "syncs": syncs.get(MAIN_GRAPH_FUNC, syncs.get(FUNC)),
                          "cuda_graph": gname in rep.graph_functions,

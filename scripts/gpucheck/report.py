@@ -101,6 +101,7 @@ def render_markdown(result: dict) -> str:
             lines.append("")
         lines += _events_table(m)
         lines += _waits_table(m)
+        lines += _in_context_table(m)
         lines += _library_host_table(m)
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
@@ -179,6 +180,38 @@ def _waits_table(m: dict) -> list[str]:
     return ["Dependency mode, waits at the stage's start (today) against waits at the consumer (before 2026-11-27), "
             "same schedule:", "", "| variant | waits at consumer ms | waits at stage start ms | speed-up |",
             "|---|---:|---:|---:|", *rows, ""]
+
+
+def _in_context_table(m: dict) -> list[str]:
+    """Stage costs in context (``build`` timed twins): what the stages of each direct stage-mode program cost
+    inside it (a timing event on the caller's stream at every stage boundary), summed, against the program's
+    measured latency and the scheduler's own stage costs (isolated timings or a simulated device). A sum near the
+    measured latency means the in-context costs compose; the scheduler's sum far from it is the gap issue 12 is
+    about."""
+    rows, failed = [], []
+    for v in m.get("variants", []):
+        ic = v.get("in_context")
+        if not ic or v.get("median_ms") is None:
+            continue
+        if "error" in ic:
+            failed.append(f"{v['name']}: {ic['error']}")
+            continue
+        pred = sum(ic.get("predicted_stages_ms") or []) or None
+        worst = ""
+        if pred:   # the stage the scheduler's cost misses most, in absolute time
+            gaps = [(abs(t - p), k, t, p) for k, (t, p) in enumerate(zip(ic["stages_ms"], ic["predicted_stages_ms"]))]
+            _, k, t, p = max(gaps)
+            worst = f"stage {k}: {t * 1e3:.0f} us in context, {p * 1e3:.0f} us predicted"
+        rows.append(f"| {v['name']} | {len(ic['stages_ms'])} | {v['median_ms']:.3f} | {ic['timed_median_ms']:.3f} | "
+                    f"{ic['sum_ms']:.3f} | {ic['sum_ms'] / v['median_ms']:.2f} | "
+                    f"{'—' if pred is None else f'{pred:.3f}'} | {worst or '—'} |"
+                    + ("" if ic.get("ok", True) else " (wrong output)"))
+    if not rows and not failed:
+        return []
+    out = ["Stage costs in context (timed twin: a timing event at every stage boundary; medians per stage):", "",
+           "| variant | stages | measured ms | timed ms | sum of stages ms | sum / measured | scheduler's sum ms | "
+           "largest miss |", "|---|---:|---:|---:|---:|---:|---:|---|", *rows, ""]
+    return out + ([f"Not timed: {'; '.join(failed)}", ""] if failed else [])
 
 
 def cmd_report(args) -> int:

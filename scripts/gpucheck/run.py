@@ -300,7 +300,50 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
     except Exception as e:  # noqa: BLE001 - record and go on with the other variants
         rec.update(ok=False, error=_error_text(e))
         return rec, None, None
+    if var.get("stage_times") and rec["ok"]:
+        try:
+            rec["in_context"] = _in_context(variants, var, ref, sync, args)
+        except Exception as e:  # noqa: BLE001 - the variant itself is measured; record why its stages are not
+            rec["in_context"] = {"error": _error_text(e)}
     return rec, out, run_once if rec["ok"] else None
+
+
+IN_CONTEXT_REPEAT = 50   # calls of a timed twin (each followed by a read of its events): medians per stage
+
+
+def _in_context(variants: Variants, var: dict, ref, sync, args) -> dict:
+    """The variant's timed twin (``lower_program(stage_timing=True)``: a timing event on the caller's stream at
+    every stage boundary): each stage's in-context device time, median over ``IN_CONTEXT_REPEAT`` calls, against the
+    stages of the schedule; the twin's output is checked like any variant's, and its own wall-clock median shows
+    what the timing events cost."""
+    import numpy as np
+
+    spec = var["stage_times"]
+    twin = {**var, "function": spec["function"], "streams": spec["streams"]}
+    run_once = variants.call(twin)
+    err = _max_err(_to_numpy(run_once()), ref)
+    read = variants.vms[var["library"]][spec["read"]]
+    handles = variants.streams[(var["library"], spec["streams"])]
+    for _ in range(args.warmup):
+        run_once()
+    sync()
+    walls, per_call = [], []
+    repeat = min(args.repeat, IN_CONTEXT_REPEAT)
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run_once()
+        sync()
+        walls.append(time.perf_counter() - t0)
+        per_call.append([float(x) for x in read(handles)])
+    times = np.array(per_call)   # calls x stages, ms
+    if times.shape[1] != len(spec["stages"]):
+        raise RuntimeError(f"{spec['read']} returned {times.shape[1]} stage times for {len(spec['stages'])} stages")
+    stages = np.median(times, axis=0)
+    return {"stages_ms": [float(x) for x in stages], "stages": spec["stages"],
+            "predicted_stages_ms": spec.get("predicted_ms"), "sum_ms": float(stages.sum()),
+            "median_total_ms": float(np.median(times.sum(axis=1))),
+            "timed_median_ms": float(np.median(walls) * 1e3), "repeat": repeat,
+            "max_abs_err": err, "ok": bool(err <= tolerance(ref, TF32_TOL_REL if var.get("tf32") else TOL_REL))}
 
 
 def _torch_records(args, manifest: dict, entry: dict) -> list[dict]:
