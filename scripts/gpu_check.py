@@ -20,6 +20,10 @@ that needs the compiler happens here, the device only loads and runs. ``scripts/
     from such a table the entry ``MODEL+auto`` (``units="auto"``: per unit, whichever measured faster). The
     per-unit choice thus takes two device calls, with a build here between them.
 
+    Every direct stage-mode variant (TVM's sync, not merged, not wave-fused) also gets a timed twin in the same
+    library (``lower_program(stage_timing=True)``: a timing event at every stage boundary), which ``run`` calls to
+    record each stage's cost inside the program (``in_context``; ``--no-stage-times`` leaves the twins out).
+
     ``--schedule MODEL:LABEL=FILE`` (repeatable) adds a schedule made elsewhere (``tvm-interop schedule -o``: the pick
     of an active device search, ``--active``) as the variants ``LABEL``, checked against the model like any schedule.
 

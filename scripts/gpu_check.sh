@@ -30,6 +30,9 @@
 #         --splitk MODELS adds an entry MODEL+splitk: its scheduled variants run the convolutions with few outputs
 #         and long reductions with passes/kernels/gpu_splitk.py's schedule (not measured yet; checked against
 #         plain TVM's own kernels like every entry).
+#         Every direct stage-mode variant (TVM's sync, not merged or wave-fused) also has a timed twin: the run
+#         records each stage's cost inside the program ('in_context'; --no-stage-times to leave them out), and
+#         scripts/in_context_table.py puts those costs into a model's cost table.
 #         --unit-costs MODELS adds a bundle of each model's units (and their library calls), which the run
 #         measures into $OUT/unit_costs/MODEL.json; a second build with --auto MODEL=<that file> adds the entry
 #         MODEL+auto (per unit, TVM kernel or library call, whichever measured faster) for a second run.
