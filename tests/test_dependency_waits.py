@@ -18,6 +18,8 @@ from tvm_interop.passes.lower_streams import WAIT_PLACEMENTS, lower_program, pla
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.runtime.errors import InteropError
 
+from issued_ops import issued_ops
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100_UNITS = os.path.join(ROOT, "docs", "unit_costs_h100_2026-11-26", "inception_v3.json")
 
@@ -112,27 +114,6 @@ def test_program_model_prices_the_h100_inception_ios_dependency_program():
     assert hoisted <= 1.01 * stage
 
 
-def _issued_kinds(func, kernel_names: set[str]) -> list[tuple]:
-    """("sync",) / ("set",) / ("kernel", name) in binding order of a Relax function of the as-built IR."""
-    from tvm import relax
-
-    out = []
-    for block in func.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if not isinstance(v, relax.Call):
-                continue
-            if isinstance(v.op, relax.ExternFunc):
-                sym = str(v.op.global_symbol)
-                if sym == "runtime.Device_StreamSyncFromTo":
-                    out.append(("sync",))
-                elif sym == "runtime.Device_SetStream":
-                    out.append(("set",))
-            elif isinstance(v.op, relax.GlobalVar) and v.op.name_hint in kernel_names:
-                out.append(("kernel", v.op.name_hint))
-    return out
-
-
 @pytest.mark.parametrize("waits", WAIT_PLACEMENTS)
 def test_the_build_issues_the_planned_waits(small_inception, waits):
     """The IR the CUDA build compiles (its pipeline up to KillAfterLastUse, ``passes.as_built``) issues the
@@ -149,7 +130,7 @@ def test_the_build_issues_the_planned_waits(small_inception, waits):
                for o in low.programs[MAIN_FUNC].ops if o.kind in ("unit", "sync", "set")]
     assert sum(k[0] == "kernel" for k in planned) == len(g.units) and ("sync",) in planned
     built = as_built_ir(low.mod, "cuda -arch=sm_90", graph_funcs=())
-    assert _issued_kinds(built[MAIN_FUNC], kernels) == planned
+    assert issued_ops(built[MAIN_FUNC], kernels) == planned
     other = "consumer" if waits == "stage-start" else "stage-start"
     other_ops = lower_program(program, sched, "cuda -arch=sm_90", mode="dependency", waits=other).programs[MAIN_FUNC]
     assert planned != [("kernel", g.unit(o.unit).func_name) if o.kind == "unit" else (o.kind,)

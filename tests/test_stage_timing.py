@@ -11,12 +11,13 @@ from tvm import relax
 import tvm_interop
 from tvm_interop.models import get_model, small_config
 from tvm_interop.passes.as_built import as_built_ir
-from tvm_interop.passes.lower_streams import (EVENT_SYNC, SET, SYNC, TIMING_CREATE, TIMING_FREE, TIMING_READ,
-                                              TIMING_RECORD, lower_program)
+from tvm_interop.passes.lower_streams import TIMING_CREATE, TIMING_FREE, TIMING_READ, TIMING_RECORD, lower_program
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.cuda import FREE_STREAMS_FUNC, MAIN_FUNC, STAGE_TIMES_FUNC, STREAMS_FUNC
 from tvm_interop.runtime.errors import InteropError
+
+from issued_ops import issued_ops
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
@@ -30,27 +31,6 @@ def _calls(func, names: set[str]) -> list[relax.Call]:
 
     relax.analysis.post_order_visit(func.body, visit)
     return found
-
-
-def _issued(func, kernels: set[str]) -> list[tuple]:
-    """The scheduled function's issue order: ("timed", k), ("sync",), ("set",) and ("kernel", name)."""
-    out = []
-    for block in func.body.blocks:
-        for b in block.bindings:
-            v = b.value
-            if not isinstance(v, relax.Call):
-                continue
-            if isinstance(v.op, relax.ExternFunc):
-                name = str(v.op.global_symbol)
-                if name == TIMING_RECORD:
-                    out.append(("timed", int(v.args[1].value)))
-                elif name in (SYNC, EVENT_SYNC):
-                    out.append(("sync",))
-                elif name == SET:
-                    out.append(("set",))
-            elif isinstance(v.op, relax.GlobalVar) and v.op.name_hint in kernels:
-                out.append(("kernel", v.op.name_hint))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +53,8 @@ def test_the_build_records_one_event_per_stage_boundary(googlenet, sync):
     g = program.graph
     kernels = {u.func_name for u in g.units}
     built = as_built_ir(low.mod, CUDA, graph_funcs=())
-    issued = _issued(built[MAIN_FUNC], kernels)
-    assert [x for x in issued if x[0] != "timed"] == _issued(as_built_ir(plain.mod, CUDA, graph_funcs=())[MAIN_FUNC],
+    issued = issued_ops(built[MAIN_FUNC], kernels)
+    assert [x for x in issued if x[0] != "timed"] == issued_ops(as_built_ir(plain.mod, CUDA, graph_funcs=())[MAIN_FUNC],
                                                              kernels)   # nothing else changed
     assert [x[1] for x in issued if x[0] == "timed"] == list(range(n + 1))
     # between records k and k + 1: exactly stage k's kernels, forks, switches and joins (the i-th issued op is

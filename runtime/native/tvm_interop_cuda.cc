@@ -610,36 +610,35 @@ EventPool* PoolFromHandle(int64_t handle, const char* caller) {
   return pool;
 }
 
-int64_t EventsCreate(int64_t device_id, int64_t n) {
-  const char* caller = kEventsCreate;
+// A pool of n events on device_id, created with `flags`, tagged `magic` (n checked against [min_n, 2^20]).
+int64_t CreatePool(int64_t device_id, int64_t n, int64_t min_n, unsigned flags, uint64_t magic, const char* caller,
+                   const char* why_min = "") {
   if (device_id < 0 || device_id > std::numeric_limits<int32_t>::max()) {
     TVM_FFI_THROW(ValueError) << caller << ": device_id must be >= 0, got " << device_id;
   }
-  if (n < 1 || n > (int64_t(1) << 20)) {
-    TVM_FFI_THROW(ValueError) << caller << ": n must be in [1, 2^20], got " << n;
+  if (n < min_n || n > (int64_t(1) << 20)) {
+    TVM_FFI_THROW(ValueError) << caller << ": n must be in [" << min_n << ", 2^20]" << why_min << ", got " << n;
   }
   const CudartApi& rt = Cudart().Get(caller);
   DeviceGuard guard(rt, static_cast<int>(device_id), caller);
   auto events = std::make_unique<cudaEvent_t[]>(n);
   for (int64_t k = 0; k < n; ++k) {
-    // Timing disabled: such events are the cheapest to record and wait on.
-    cudaError_t err = rt.cudaEventCreateWithFlags(&events[k], cudaEventDisableTiming);
+    cudaError_t err = rt.cudaEventCreateWithFlags(&events[k], flags);
     if (err != cudaSuccess) {
       for (int64_t j = 0; j < k; ++j) rt.cudaEventDestroy(events[j]);
       CheckCuda(rt, err, "cudaEventCreateWithFlags", caller);
     }
   }
-  auto* pool = new EventPool{kEventPoolMagic, static_cast<int32_t>(device_id), static_cast<int32_t>(n),
-                             events.release()};
+  auto* pool = new EventPool{magic, static_cast<int32_t>(device_id), static_cast<int32_t>(n), events.release()};
   return static_cast<int64_t>(reinterpret_cast<intptr_t>(pool));
 }
 
-void EventsFree(int64_t handle) {
-  const char* caller = kEventsFree;
-  EventPool* pool = PoolFromHandle(handle, caller);
+// Destroys a pool's events and marks it freed. cudaEventDestroy on an event still pending is legal: its resources
+// are released once it completes. The struct itself is kept (a few bytes), so a second free or a late use is
+// reported, not a crash.
+void FreePool(EventPool* pool, const char* caller) {
   const CudartApi& rt = Cudart().Get(caller);
   DeviceGuard guard(rt, pool->device, caller);
-  // cudaEventDestroy on an event still pending is legal: its resources are released once it completes.
   cudaError_t first = cudaSuccess;
   for (int32_t k = 0; k < pool->count; ++k) {
     cudaError_t err = rt.cudaEventDestroy(pool->events[k]);
@@ -647,9 +646,15 @@ void EventsFree(int64_t handle) {
   }
   pool->magic = kEventPoolFreed;
   delete[] pool->events;
-  // The struct itself is kept (a few bytes), so a second free or a late event_sync is reported, not a crash.
   CheckCuda(rt, first, "cudaEventDestroy", caller);
 }
+
+// Timing disabled: such events are the cheapest to record and wait on.
+int64_t EventsCreate(int64_t device_id, int64_t n) {
+  return CreatePool(device_id, n, 1, cudaEventDisableTiming, kEventPoolMagic, kEventsCreate);
+}
+
+void EventsFree(int64_t handle) { FreePool(PoolFromHandle(handle, kEventsFree), kEventsFree); }
 
 // A stream handle as Relax passes it: an int (runtime.Device_StreamCreate's result), an opaque pointer, or None
 // (the legacy default stream).
@@ -711,26 +716,7 @@ EventPool* TimingPoolFromHandle(int64_t handle, const char* caller) {
 }
 
 int64_t TimingCreate(int64_t device_id, int64_t n) {
-  const char* caller = kTimingCreate;
-  if (device_id < 0 || device_id > std::numeric_limits<int32_t>::max()) {
-    TVM_FFI_THROW(ValueError) << caller << ": device_id must be >= 0, got " << device_id;
-  }
-  if (n < 2 || n > (int64_t(1) << 20)) {
-    TVM_FFI_THROW(ValueError) << caller << ": n must be in [2, 2^20] (a time needs two events), got " << n;
-  }
-  const CudartApi& rt = Cudart().Get(caller);
-  DeviceGuard guard(rt, static_cast<int>(device_id), caller);
-  auto events = std::make_unique<cudaEvent_t[]>(n);
-  for (int64_t k = 0; k < n; ++k) {
-    cudaError_t err = rt.cudaEventCreateWithFlags(&events[k], cudaEventDefault);   // timing enabled
-    if (err != cudaSuccess) {
-      for (int64_t j = 0; j < k; ++j) rt.cudaEventDestroy(events[j]);
-      CheckCuda(rt, err, "cudaEventCreateWithFlags", caller);
-    }
-  }
-  auto* pool = new EventPool{kTimingPoolMagic, static_cast<int32_t>(device_id), static_cast<int32_t>(n),
-                             events.release()};
-  return static_cast<int64_t>(reinterpret_cast<intptr_t>(pool));
+  return CreatePool(device_id, n, 2, cudaEventDefault, kTimingPoolMagic, kTimingCreate, " (a time needs two events)");
 }
 
 void TimingRecord(int64_t handle, int64_t k, ffi::AnyView stream) {
@@ -777,20 +763,7 @@ ffi::Array<double> TimingRead(int64_t handle, int64_t n) {
   return out;
 }
 
-void TimingFree(int64_t handle) {
-  const char* caller = kTimingFree;
-  EventPool* pool = TimingPoolFromHandle(handle, caller);
-  const CudartApi& rt = Cudart().Get(caller);
-  DeviceGuard guard(rt, pool->device, caller);
-  cudaError_t first = cudaSuccess;
-  for (int32_t k = 0; k < pool->count; ++k) {
-    cudaError_t err = rt.cudaEventDestroy(pool->events[k]);
-    if (first == cudaSuccess) first = err;
-  }
-  pool->magic = kEventPoolFreed;
-  delete[] pool->events;
-  CheckCuda(rt, first, "cudaEventDestroy", caller);
-}
+void TimingFree(int64_t handle) { FreePool(TimingPoolFromHandle(handle, kTimingFree), kTimingFree); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host time of library calls.
