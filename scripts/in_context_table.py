@@ -72,7 +72,8 @@ def main(argv=None) -> int:
         print(f"{t['name']:28s} {t['measured_ms'] or float('nan'):9.3f} {t['sum_ms']:11.3f} "
               f"{'—' if iso is None else f'{iso:9.3f}':>9s}")
     ic = merged["in_context"]
-    print(f"{args.out}: {ic['stages']} stages with in-context costs from {ic['programs']} programs")
+    print(f"{args.out}: {ic['stages']} stages with in-context costs from {ic['programs']} programs; the other "
+          f"stages and the units scaled by {ic['unseen_scale']:.3f} (median in-context / isolated of those seen)")
     return 0
 
 

@@ -181,6 +181,13 @@ def test_in_context_table_script(tmp_path, capsys):
     iso = {s["key"]: s["latency"] for s in json.load(open(table))["stages"]}
     assert f"{(iso['concurrent:lv'] + iso['concurrent:lv3']) * 1e3:9.3f}" in text and "greedy" not in text
     merged = json.load(open(out))
-    assert merged["in_context"] == {"programs": 1, "stages": 2, "source": "r.json"}
+    ratio = sorted([0.012e-3 / iso["concurrent:lv"], 0.007e-3 / iso["concurrent:lv3"]])
+    scale = (ratio[0] + ratio[1]) / 2   # the median of two
+    assert merged["in_context"] == {"programs": 1, "stages": 2, "source": "r.json", "unseen_scale": pytest.approx(scale)}
+    other = next(s for s in merged["stages"] if s["key"] == "concurrent:lv1")   # never timed in a program
+    assert other["latency"] == pytest.approx(iso["concurrent:lv1"] * scale) and other["isolated_latency"] == iso[
+        "concurrent:lv1"]
+    units = json.load(open(table))["units"]
+    assert merged["units"]["lv1"] == pytest.approx(units["lv1"] * scale)
     with pytest.raises(SystemExit, match="resnet50: not in the result"):
         in_context_table.main([str(tmp_path / "r.json"), table, "--model", "resnet50", "-o", str(out)])

@@ -8,9 +8,11 @@ cost *inside* the program, and those costs add up to the program by construction
 
 :func:`merge_in_context` puts them into a table: every stage seen in a timed program gets its in-context cost
 (the median over the programs it was seen in), keeping the isolated one beside it (``isolated_latency``); stages
-never seen in context keep their isolated cost. A scheduler searching with such a table (``--cost table:FILE``)
-prices the programs already measured at what they cost, and what it has not seen at the isolated estimate: the
-next round of measurements is where those two disagree.
+never seen in context keep their isolated cost, scaled by the median in-context / isolated ratio of the stages that
+were seen (``scale_unseen``; the units too): unscaled, every stage not yet timed in a program would look cheaper
+than the ones that were, only because it was timed alone, and a search would prefer it for that reason. A
+scheduler searching with such a table (``--cost table:FILE``) prices the programs already measured at what they
+cost and the rest at the calibrated estimate: the next round of measurements is where those two disagree.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from tvm_interop.runtime.profile_bundle import TABLE_FORMAT, stage_key
 IN_CONTEXT_SOURCE = "in-context"
 
 
-def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "") -> dict:
+def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "", scale_unseen: bool = True) -> dict:
     """A copy of ``table`` (a cost table dict) whose stages seen in ``timed`` carry their in-context cost.
 
     ``timed``: records of timed programs, each ``{"stages": [[[unit, ...], ...], ...] (groups per stage),
     "stages_ms": [ms per stage], "name": ...}`` (``gpu_check``'s ``in_context``). Every unit must be one of the
     table's (another model's program is refused, naming the unit), and a record whose stage and time counts
-    differ is refused. ``source`` is recorded (e.g. the gpu_check result it came from)."""
+    differ is refused. ``source`` is recorded (e.g. the gpu_check result it came from). ``scale_unseen``: the
+    stages and units not seen in context are scaled by the seen stages' median in-context / isolated ratio
+    (recorded as ``in_context.unseen_scale``; the isolated value stays in ``isolated_latency``)."""
     if not isinstance(table, Mapping) or table.get("format") != TABLE_FORMAT:
         raise InteropError("merge_in_context: the base is not a tvm-interop cost table")
     units = set(table.get("units", {}))
@@ -54,7 +58,11 @@ def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "")
             seen.setdefault(key, []).append(float(ms) * 1e-3)
             groups_of[key] = [list(g) for g in groups]
         programs += 1
+    isolated = {st["key"]: float(st["latency"]) for st in table.get("stages", []) if "key" in st}
+    ratios = [statistics.median(lat) / isolated[k] for k, lat in seen.items() if isolated.get(k, 0.0) > 0.0]
+    scale = statistics.median(ratios) if scale_unseen and ratios else 1.0
     out = {k: v for k, v in table.items() if k != "stages"}
+    out["units"] = {u: float(v) * scale for u, v in table.get("units", {}).items()}
     stages_out = []
     for st in table.get("stages", []):
         st = dict(st)
@@ -62,6 +70,8 @@ def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "")
             lat = seen.pop(st["key"])
             st.update(isolated_latency=st["latency"], latency=statistics.median(lat),
                       sources=[IN_CONTEXT_SOURCE], in_context_samples=len(lat))
+        elif scale != 1.0:
+            st.update(isolated_latency=st["latency"], latency=float(st["latency"]) * scale)
         stages_out.append(st)
     for key, lat in seen.items():   # stages the bundle never timed alone
         stages_out.append({"index": len(stages_out), "key": key, "groups": groups_of[key],
@@ -70,5 +80,5 @@ def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "")
     out["stages"] = stages_out
     out["in_context"] = {"programs": programs, "stages": sum(1 for s in stages_out
                                                               if IN_CONTEXT_SOURCE in s.get("sources", [])),
-                         "source": source}
+                         "unseen_scale": scale, "source": source}
     return out
