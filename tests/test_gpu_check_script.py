@@ -558,3 +558,48 @@ def test_wave_diff_checks_every_fused_stage_against_its_members(tmp_path):
     assert rows and report["randwire"]["wrong"] == 0
     assert all(r["max_err"] <= gpu_wave_diff.TOL for r in rows)
     assert json.loads((tmp_path / "out" / "wave_diff.json").read_text())["randwire"]["wrong"] == 0
+
+
+def test_targets_of_the_2026_11_26_h100_run():
+    """The issues' targets read off the real H100 result (``docs/gpu_check.json``): ios against the others per
+    cell, our programs against PyTorch eager + CUDA graph, and the wave rows of that run (wrong outputs, the
+    repack-alignment bug) not counted."""
+    from gpucheck import targets
+
+    result = json.load(open(os.path.join(REPO, "docs", "gpu_check.json")))
+    cells = {(r["model"], r["mode"], r["cuda_graph"]): r for r in targets.ios_not_slower(result)}
+    assert len(cells) == 24
+    assert cells[("inception_v3", "stage", False)]["met"] and cells[("inception_v3", "stage", False)]["best_other"] == "lios"
+    assert round(cells[("inception_v3", "dependency", False)]["ratio"], 2) == 1.27   # the old wait placement's cost
+    pt = targets.against_pytorch(result)
+    assert pt["sequential"]["squeezenet"]["met"] and pt["sequential"]["squeezenet"]["entry"] == "squeezenet+cudnn"
+    assert not pt["sequential"]["inception_v3"]["met"] and round(pt["sequential"]["inception_v3"]["ratio"], 2) == 1.30
+    assert all(r["met"] for r in pt["best"].values()) and "tf32" not in pt["best"]["inception_v3"]["entry"]
+    sp = targets.speedups_over_sequential(result)
+    assert sp["missing"] == ["nasnet_a_large"] and sp["geomean_best"] is None
+    assert "[waits at consumer]" not in sp["models"]["inception_v3"]["best"]
+    assert targets.wave_over_streams(result)["randwire"] == {"wrong": True}
+    text = "\n".join(targets.render_targets(result))
+    assert "in 7 of 24" in text and "no wave-fused variant computed plain TVM's output" in text
+
+
+def test_targets_geomean_and_wave_when_every_model_ran():
+    """Illustrative numbers (not a measurement): the geomean over the four models, and a wave variant that counts."""
+    from gpucheck import targets
+
+    def model(name, seq, best, wave=None):
+        vs = [{"name": "sequential", "median_ms": seq, "ok": True},
+              {"name": "ios", "median_ms": best, "ok": True},
+              {"name": "greedy [waits at consumer]", "median_ms": best / 2, "ok": True}]   # never counted
+        if wave:
+            vs.append({"name": "greedy+wave", "median_ms": wave, "ok": True})
+        return {"name": name, "variants": vs}
+
+    result = {"models": [model("inception_v3", 2.0, 1.0), model("randwire", 2.0, 1.0, wave=0.8),
+                         model("nasnet_a_large", 1.0, 1.0), model("squeezenet", 1.0, 1.0)]}
+    sp = targets.speedups_over_sequential(result)
+    # randwire's best scheduled variant is the wave-fused one (2.5x), its ios 2x
+    assert sp["geomean_best"] == pytest.approx((2 * 2.5) ** 0.25) and sp["geomean_ios"] == pytest.approx(2 ** 0.5)
+    wv = targets.wave_over_streams(result)["randwire"]
+    assert wv["speedup"] == pytest.approx(1.25) and wv["met"] and wv["streams"] == "ios"
+    assert "Geomean 1.50x (target 1.6x: not met; ios alone 1.41x)" in "\n".join(targets.render_targets(result))

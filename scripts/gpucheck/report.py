@@ -7,6 +7,7 @@ import os
 
 from .common import REPO
 from .device import render_environment
+from .targets import render_targets
 
 
 def _err(x) -> str:
@@ -72,6 +73,7 @@ def render_markdown(result: dict) -> str:
     if result.get("environment"):
         lines += [*render_environment(result["environment"]), ""]
     lines += _runtime_only_line(result)
+    lines += render_targets(result)
     for m in result.get("models", []):
         lines += [f"## {m['name']} ({m['units']} units, {m['image_size']}x{m['image_size']})", "",
                   "| variant | median ms | p90 ms | vs plain TVM | streams | stages | CUDA graph | output |",
