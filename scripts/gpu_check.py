@@ -128,6 +128,9 @@ def main(argv=None) -> int:
                    help="leave out the timed twins: by default every direct stage-mode variant (TVM's sync, no merge, "
                         "no wave) is also built with in-context stage timing, and the run records what each of its "
                         "stages cost inside the program ('in_context' of the variant)")
+    b.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="leave out the host-cost probe (gpucheck/probe.py: per kernel launch, TVM sync, reused-event "
+                        "sync, stream switch and keep-alive call, each measured alone; a few seconds on the device)")
     b.add_argument("--cudnn", default="all", metavar="MODELS",
                    help="comma-separated models (or all, the default; '' for none) that also get an entry "
                         "MODEL+cudnn: every offloadable convolution / dense layer as a cuDNN / cuBLAS call")

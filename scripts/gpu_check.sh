@@ -33,6 +33,8 @@
 #         Every direct stage-mode variant (TVM's sync, not merged or wave-fused) also has a timed twin: the run
 #         records each stage's cost inside the program ('in_context'; --no-stage-times to leave them out), and
 #         scripts/in_context_table.py puts those costs into a model's cost table.
+#         The build also holds a host-cost probe (libs/probe.so; --no-probe to leave it out): the run times each
+#         kind of op alone first (kernel launch, TVM sync idle/busy, reused event, stream switch, keep-alive).
 #         --unit-costs MODELS adds a bundle of each model's units (and their library calls), which the run
 #         measures into $OUT/unit_costs/MODEL.json; a second build with --auto MODEL=<that file> adds the entry
 #         MODEL+auto (per unit, TVM kernel or library call, whichever measured faster) for a second run.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import struct
@@ -88,6 +89,12 @@ def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
     assert uc["units"] == len(table["units"]) == result["models"][0]["units"] and uc["all_tvm_us"] > 0
     assert uc["offloadable"] == 0   # a CPU dry run has no library calls to compare with
     assert "Unit table `unit_costs/squeezenet.json`" in open(os.path.join(out, "gpu_check.md")).read()
+    # the host-cost probe ran first, with the runtime alone (on a CPU the stream calls are no-ops, no event pool)
+    probe = result["probe"]["per_op"]
+    assert set(probe) == {"kernel_2", "kernel_4", "kernel_8", "tvm_sync_idle", "tvm_sync_busy", "set_stream",
+                          "keepalive_16"}
+    assert all(math.isfinite(v["host_us"]) and math.isfinite(v["total_us"]) for v in probe.values())
+    assert "Host cost per op (probe)" in open(os.path.join(out, "gpu_check.md")).read()
 
 
 def test_torch_replay_needs_only_tvm_runtime(tmp_path):
@@ -329,6 +336,9 @@ def test_cuda_build_squeezenet(tmp_path):
         units = [u for stage in st["stages"] for g in stage for u in g]
         assert len(units) == len(set(units)) == entry["units"]   # every unit once
     assert len(timed) >= 3
+    # the host-cost probe: fatbins, with the reused-event probe (the native extension linked in)
+    assert m["probe"]["kernel_formats"] == ["fatbin"] and "probe_event_sync_idle" in m["probe"]["functions"]
+    assert (d / (m["probe"]["library"] + ".xz")).exists()
     for v in entry["variants"]:
         assert (d / (v["library"] + ".xz")).exists() and v["function"]
         if v["name"] != "plain TVM" and not v["name"].startswith("plain"):

@@ -620,6 +620,10 @@ def cmd_build(args) -> int:
             manifest["models"].append(build_model(ctx, name, units="auto", auto_table=auto[name]))
         if name in with_splitk:
             manifest["models"].append(build_model(ctx, name, splitk=True, unit_bundle=name in with_bundle))
+    if getattr(args, "probe", True):   # the host cost of each kind of op, measured alone (gpucheck.probe)
+        from .probe import build_probe
+
+        manifest["probe"] = build_probe(ctx, log)
     atomic.write_text(os.path.join(ctx.out, "manifest.json"), json.dumps(manifest, indent=1))
     total = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(ctx.out) for fn in fns)
     log(f"wrote {ctx.out} ({total / 2**20:.1f} MiB{'; OVER the 60 MiB carry budget' if total > CARRY_LIMIT else ''})")

@@ -7,6 +7,7 @@ import os
 
 from .common import REPO
 from .device import render_environment
+from .probe import render_probe
 from .targets import render_targets
 
 
@@ -74,6 +75,7 @@ def render_markdown(result: dict) -> str:
         lines += [*render_environment(result["environment"]), ""]
     lines += _runtime_only_line(result)
     lines += render_targets(result)
+    lines += render_probe(result.get("probe"))
     for m in result.get("models", []):
         lines += [f"## {m['name']} ({m['units']} units, {m['image_size']}x{m['image_size']})", "",
                   "| variant | median ms | p90 ms | vs plain TVM | streams | stages | CUDA graph | output |",

@@ -488,6 +488,14 @@ def cmd_run(args) -> int:
     except CannotRun as e:
         return e.status
     result = _new_result(args, manifest, dev, is_gpu)
+    if manifest.get("probe"):   # first: seconds, and what the program model's host costs should be
+        from .probe import run_probe
+
+        try:
+            result["probe"] = run_probe(args.dir, manifest["probe"], dev, dev.sync)
+        except Exception as e:  # noqa: BLE001 - the models are what the run is for
+            result["probe"] = {"error": _error_text(e)}
+        _write(args.out, result)
     for entry in entries:
         model = run_model(args, manifest, entry, dev, result["torch"] is not None)
         model["kernels"] = kernels[entry["name"]]
