@@ -158,6 +158,7 @@ def build_probe(ctx, log) -> dict:
     formats = _export_xz(ex, os.path.join(ctx.out, LIBRARY), ctx.arches, addons)
     log(f"  probe: {len(names)} functions of {OPS} ops each -> {LIBRARY}")
     return {"library": LIBRARY, "functions": names, "ops": OPS, "busy_kernels": BUSY, "big": big_elements(ctx.gpu),
+            "device": "cuda" if ctx.gpu else "cpu",
             "kernel_formats": formats}
 
 
@@ -171,6 +172,16 @@ def run_probe(d: str, spec: dict, dev, sync, repeat: int = 50, warmup: int = 5) 
 
     vm = rvm.VirtualMachine(tvm.runtime.load_module(library_path(d, spec["library"])), dev)
     handles = vm["probe_streams"]()
+    stream_sync = tvm.get_global_func("runtime.Device_StreamSync")
+
+    def sync_all() -> None:
+        """The caller's stream and both of ours: the busy-source probes leave work on a stream that is never
+        joined into the caller's, and a sync of the caller's stream alone would let it pile up across calls."""
+        sync()
+        if spec.get("device", "cuda") == "cuda":
+            for k in range(2):
+                stream_sync(dev, handles[k])
+
     xs = [tvm.runtime.tensor(np.ones(32, "float32"), dev) for _ in range(8)]
     big = tvm.runtime.tensor(np.ones(spec.get("big", BIG), "float32"), dev)
     host, total = {}, {}
@@ -179,20 +190,20 @@ def run_probe(d: str, spec: dict, dev, sync, repeat: int = 50, warmup: int = 5) 
             fn = vm[name]
             for _ in range(warmup):
                 fn(*xs, big, handles)
-            sync()
+            sync_all()
             th, tt = [], []
             for _ in range(repeat):
-                sync()
+                sync_all()
                 t0 = time.perf_counter()
                 fn(*xs, big, handles)
                 t1 = time.perf_counter()
-                sync()
+                sync_all()
                 t2 = time.perf_counter()
                 th.append(t1 - t0)
                 tt.append(t2 - t0)
             host[name], total[name] = float(np.median(th)), float(np.median(tt))
     finally:
-        sync()
+        sync_all()
         vm["probe_free_streams"](handles)
     n = spec["ops"]
     out = {}
