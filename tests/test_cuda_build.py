@@ -293,7 +293,9 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                    capture_output=True)
     manifest = json.load(open(os.path.join(d, "manifest.json")))
     libs = os.listdir(os.path.join(d, "libs"))
-    assert sorted(libs) == ["squeezenet.plain.so.xz", "squeezenet.sched.so.xz", "squeezenet.torch.json"]
+    # the model's libraries, and the host-cost probe (gpucheck/probe.py)
+    assert sorted(libs) == ["probe.so.xz", "squeezenet.plain.so.xz", "squeezenet.sched.so.xz", "squeezenet.torch.json"]
+    assert manifest["probe"]["library"] == "libs/probe.so" and manifest["probe"]["device"] == "cpu"
     total = sum(os.path.getsize(os.path.join(d, "libs", f)) for f in libs)
     assert total < 2 * 2**20  # weights are not in the libraries
     # plain x2, (sequential, greedy) x (stage, dep) x 2, and greedy (dependency) with the old wait placement x 2
