@@ -1,10 +1,22 @@
-"""What a Relax function of the as-built IR issues, in binding order: the ops the stream tests compare with the
-lowering's plan (the thing that ships, not the plan)."""
+"""What a Relax function issues: its calls of external (packed) functions, and, for the as-built IR, its ops in
+binding order, which the stream tests compare with the lowering's plan (the thing that ships, not the plan)."""
 from __future__ import annotations
 
 from tvm import relax
 
 from tvm_interop.passes.lower_streams import EVENT_SYNC, SET, SYNC, TIMING_RECORD
+
+
+def extern_calls(func, name: str) -> list:
+    """Every call of the packed function ``name`` in ``func`` (any depth)."""
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, relax.ExternFunc) and str(e.op.global_symbol) == name:
+            found.append(e)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
 
 
 def issued_ops(func, kernel_names: set[str]) -> list[tuple]:

@@ -5,7 +5,6 @@ every call). Without a GPU: the lowering issues exactly the same synchronisation
 from __future__ import annotations
 
 import pytest
-from tvm import relax
 
 import tvm_interop
 from tvm_interop.models import get_model, list_models, small_config
@@ -16,18 +15,9 @@ from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.cuda import FREE_STREAMS_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC, STREAMS_FUNC
 from tvm_interop.runtime.errors import InteropError
 
+from issued_ops import extern_calls
+
 CUDA = {"kind": "cuda", "arch": "sm_90"}
-
-
-def extern_calls(func, name: str) -> list:
-    found = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, relax.ExternFunc) and str(e.op.global_symbol) == name:
-            found.append(e)
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return found
 
 
 @pytest.fixture(scope="module", params=list_models())

@@ -6,7 +6,6 @@ before it (its join included); the pool is created, read and freed once; bad req
 from __future__ import annotations
 
 import pytest
-from tvm import relax
 
 import tvm_interop
 from tvm_interop.models import get_model, small_config
@@ -17,20 +16,9 @@ from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.cuda import FREE_STREAMS_FUNC, MAIN_FUNC, STAGE_TIMES_FUNC, STREAMS_FUNC
 from tvm_interop.runtime.errors import InteropError
 
-from issued_ops import issued_ops
+from issued_ops import extern_calls, issued_ops
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
-
-
-def _calls(func, names: set[str]) -> list[relax.Call]:
-    found = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, relax.ExternFunc) and str(e.op.global_symbol) in names:
-            found.append(e)
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +59,10 @@ def test_the_build_records_one_event_per_stage_boundary(googlenet, sync):
     assert i == len(planned) and sum(p[0][0] == "kernel" for p in planned) == len(g.units)
     assert any(p[0] == ("sync",) for p in planned)   # the schedule has joins, so the check above covered them
     assert issued[-1] == ("timed", n)   # the last record comes after the last stage's join
-    pools = _calls(low.mod[STREAMS_FUNC], {TIMING_CREATE})
+    pools = extern_calls(low.mod[STREAMS_FUNC], TIMING_CREATE)
     assert len(pools) == 1 and int(pools[0].args[1].value) == n + 1
-    assert len(_calls(low.mod[FREE_STREAMS_FUNC], {TIMING_FREE})) == 1
-    reads = _calls(low.mod[STAGE_TIMES_FUNC], {TIMING_READ})
+    assert len(extern_calls(low.mod[FREE_STREAMS_FUNC], TIMING_FREE)) == 1
+    reads = extern_calls(low.mod[STAGE_TIMES_FUNC], TIMING_READ)
     assert len(reads) == 1 and int(reads[0].args[1].value) == n + 1
     report = check_stream_memory_safety(built)
     assert report.ok, report.summary()
@@ -86,7 +74,7 @@ def test_a_sequential_schedule_is_timed_on_the_callers_stream():
     sched = schedule_graph(program.graph, "sequential", "sim:h100")
     low = lower_program(program, sched, CUDA, mode="stage", stage_timing=True)
     assert low.num_streams == 0
-    records = _calls(low.mod[MAIN_FUNC], {TIMING_RECORD})
+    records = extern_calls(low.mod[MAIN_FUNC], TIMING_RECORD)
     assert [int(c.args[1].value) for c in records] == list(range(sched.num_stages + 1))
 
 
