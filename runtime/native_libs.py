@@ -49,6 +49,9 @@ EXTENSION_FUNCTIONS = (
     "tvm_interop.cuda.timing_read",
     "tvm_interop.cuda.timing_free",
     "tvm_interop.cudnn.conv2d",
+    "tvm_interop.cudnn.set_engine_policy",
+    "tvm_interop.cudnn.conv_choices",
+    "tvm_interop.cudnn.conv_engines",
     "tvm_interop.cublas.dense",
     "tvm_interop.native.info",
     "tvm_interop.native.call_stats",
@@ -182,6 +185,39 @@ def library_call_stats(reset: bool = False) -> dict | None:
 
     f = tvm_ffi.get_global_func("tvm_interop.native.call_stats", allow_missing=True)
     return None if f is None else json.loads(f(bool(reset)))
+
+
+CUDNN_ENGINE_POLICIES = ("legacy", "measured")
+
+
+def cudnn_engine_policy(policy: str | None = None) -> str | None:
+    """The extension's cuDNN engine policy; with ``policy``, set it (process-wide) and return the previous one.
+
+    ``"legacy"`` (the default): each convolution shape runs the fastest of cuDNN's eight legacy algorithms
+    (``cudnnFindConvolutionForwardAlgorithmEx``). ``"measured"``: the graph API's engine configurations and the
+    legacy path are timed once per shape on the call's own buffers and the fastest is kept (``runtime/native/
+    cudnn_engines.h``). The environment variable ``TVM_INTEROP_CUDNN_ENGINES`` sets the initial policy. None when
+    no extension is loaded."""
+    import tvm_ffi
+
+    if policy is not None and policy not in CUDNN_ENGINE_POLICIES:
+        raise ValueError(f"unknown cuDNN engine policy {policy!r}; use one of {', '.join(CUDNN_ENGINE_POLICIES)}")
+    f = tvm_ffi.get_global_func("tvm_interop.cudnn.set_engine_policy", allow_missing=True)
+    if f is None:
+        return None
+    if policy is None:
+        return cudnn_conv_choices()["policy"]
+    return str(f(policy))
+
+
+def cudnn_conv_choices() -> dict | None:
+    """What the measured policy chose per convolution shape in this process (``{"policy", "choices": [{"shape",
+    "chosen", "legacy_us", "chosen_us", "tried": [[label, us]], "dropped": [why]}]}``), or None when no extension
+    is loaded."""
+    import tvm_ffi
+
+    f = tvm_ffi.get_global_func("tvm_interop.cudnn.conv_choices", allow_missing=True)
+    return None if f is None else json.loads(f())
 
 
 def extension_info() -> dict | None:

@@ -161,6 +161,8 @@ def main(argv=None) -> int:
     r.add_argument("--models", default=None)
     r.add_argument("--pick-rounds", type=int, default=30,
                    help="interleaved rounds of the candidate pick per scheduler (0: skip)")
+    r.add_argument("--no-cudnn-engines", action="store_true",
+                   help="skip the pass that re-times the library entries with cuDNN's measured engines")
     r.set_defaults(func=cmd_run)
     g = sub.add_parser("diagnose", help="there: run concurrent variants repeatedly, and serialized; find races")
     g.add_argument("--dir", default=DEFAULT_DIR)

@@ -542,6 +542,108 @@ def test_unit_table_summary_and_library_host_time():
     assert "library call measured faster for 1; together they take 30 us as TVM kernels, 34 us" in md
 
 
+def test_engines_pass_picks_its_variants_and_is_reported_and_counted():
+    """The measured-cuDNN-engines pass (``run --no-cudnn-engines`` skips it): it re-times sequential direct and
+    with CUDA graph plus the two fastest other correct variants (never plain TVM, a failed one, or a timed twin's
+    stage timing); the report sets each against its legacy time and lists the per-shape choices; the issue-13
+    target counts its rows. Illustrative numbers, not a measurement."""
+    from gpucheck import report as gcreport
+    from gpucheck import targets
+    from gpucheck.run import ENGINES_SUFFIX, _engine_variants, engine_choice_summary
+
+    names = ["plain TVM", "sequential", "sequential + CUDA graph", "greedy", "lios + CUDA graph", "ios",
+             "ios + CUDA graph"]
+    entry = {"name": "m+cudnn", "variants": [{"name": n, "function": n, "stage_times": True} for n in names]}
+    med = {"plain TVM": 9.0, "sequential": 5.0, "sequential + CUDA graph": 4.9, "greedy": 4.0,
+           "lios + CUDA graph": 3.0, "ios": 3.5, "ios + CUDA graph": 2.0}
+    legacy = [{"name": n, "median_ms": med[n], "ok": n != "ios + CUDA graph"} for n in names]
+    picked = _engine_variants(entry, {"variants": legacy})
+    assert [v["name"] for v in picked] == ["sequential", "sequential + CUDA graph", "lios + CUDA graph", "ios"]
+    assert not any("stage_times" in v for v in picked)
+
+    choices = {"policy": "measured", "choices": [
+        {"shape": "x [1, 64, 35, 35] w [96, 64, 3, 3] stride 1x1 pad 1x1 dilation 1x1 groups 1 +bias relu",
+         "chosen": "graph engine 7 (conv only)", "legacy_us": 40.0, "chosen_us": 25.0,
+         "tried": [["legacy", 40.0], ["graph engine 7 (conv only)", 25.0], ["graph engine 0 (fused)", -1]],
+         "dropped": ["fused: 3 TF32 engine(s), 1 runtime-compiled, 0 not finalized, 0 over the workspace limit"]},
+        {"shape": "x [1, 2048, 8, 8] w [320, 2048, 1, 1] stride 1x1 pad 0x0 dilation 1x1 groups 1 +bias relu",
+         "chosen": "legacy", "legacy_us": 20.0, "chosen_us": 20.0, "tried": [["legacy", 20.0]], "dropped": []}]}
+    summary = engine_choice_summary(choices)
+    assert summary["graph_chosen"] == 1 and summary["legacy_us"] == 60 and summary["chosen_us"] == 45
+    rows = [{"name": "sequential" + ENGINES_SUFFIX, "median_ms": 4.0, "ok": True, "max_abs_err": 1e-6},
+            {"name": "sequential + CUDA graph" + ENGINES_SUFFIX, "median_ms": 3.8, "ok": True, "max_abs_err": 1e-6}]
+    model = {"name": "m+cudnn", "units": 3, "image_size": 32, "variants": legacy,
+             "cudnn_engines": {"variants": rows, **summary}}
+    md = gcreport.render_markdown({"models": [model]})
+    assert "| sequential + CUDA graph [measured cuDNN engines] | 4.900 | 3.800 | 1.29x | ok (1.0e-06) |" in md
+    assert "2 convolution shapes; a graph engine chosen for 1;" in md and "legacy 60 us, chosen 45 us (1.33x)" in md
+    assert "| x [1, 64, 35, 35] w [96, 64, 3, 3]" in md and "3 TF32 engine(s)" in md
+    failed = gcreport.render_markdown({"models": [{**model, "cudnn_engines": {"error": "RuntimeError: boom"}}]})
+    assert "Measured cuDNN engines: the pass failed: RuntimeError: boom" in failed
+
+    torch = {"name": targets.TORCH_GRAPH, "median_ms": 4.0, "ok": None}
+    result = {"models": [{"name": "inception_v3", "variants": [torch]},
+                         {**model, "name": "inception_v3+cudnn"}]}
+    seq = targets.against_pytorch(result)["sequential"]["inception_v3"]
+    assert seq["variant"] == "sequential + CUDA graph" + ENGINES_SUFFIX and seq["met"]   # 3.8 / 4.0
+
+
+def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch):
+    """``run_engines`` sets the measured policy for its variants only, checks each against plain TVM, and sets the
+    policy back, also when a variant fails. The programs here are numpy stand-ins for the loaded libraries (the
+    pass's bookkeeping is what is tested; the engines themselves need a GPU)."""
+    import types
+
+    import numpy as np
+    import tvm
+
+    from gpucheck import run as gcrun
+    from tvm_interop.runtime import native_libs
+
+    policy = ["legacy"]
+    seen = []
+
+    def set_policy(p=None):
+        old = policy[0]
+        if p is not None:
+            policy[0] = p
+        return old
+
+    class FakeVariants:
+        library_units = False
+
+        def __init__(self, *a):
+            pass
+
+        def call(self, var):
+            def run():
+                seen.append((var["name"], policy[0]))
+                if var["name"] == "ios":
+                    raise RuntimeError("tvm_interop.cudnn.conv2d: cudnnBackendExecute failed")
+                value = 2.0 if var["name"] == "sequential + CUDA graph" else 1.0
+                return tvm.runtime.tensor(np.full(4, value, "float32"))
+            return run
+
+        def close(self):
+            seen.append(("closed", policy[0]))
+
+    monkeypatch.setattr(gcrun, "Variants", FakeVariants)
+    monkeypatch.setattr(native_libs, "cudnn_engine_policy", set_policy)
+    monkeypatch.setattr(native_libs, "cudnn_conv_choices", lambda: {"policy": policy[0], "choices": []})
+    names = ["plain TVM", "sequential", "sequential + CUDA graph", "ios"]
+    entry = {"name": "m+cudnn", "variants": [{"name": n} for n in names]}
+    model = {"variants": [{"name": n, "ok": True, "median_ms": 1.0} for n in names]}
+    args = types.SimpleNamespace(dir="unused", warmup=1, repeat=2)
+    out = gcrun.run_engines(args, {"seed": 0}, entry, model, types.SimpleNamespace(sync=lambda: None))
+    assert {p for n, p in seen if n != "closed"} == {"measured"} and seen[-1] == ("closed", "legacy")
+    assert policy == ["legacy"]
+    recs = {r["name"]: r for r in out["variants"]}
+    assert recs["sequential [measured cuDNN engines]"]["ok"] is True
+    assert recs["sequential + CUDA graph [measured cuDNN engines]"]["ok"] is False      # computed 2, not 1
+    assert "cudnnBackendExecute failed" in recs["ios [measured cuDNN engines]"]["error"]
+    assert out["shapes"] == [] and out["graph_chosen"] == 0
+
+
 def test_run_takes_models_in_the_order_given_with_their_entries():
     """``run --models b,a``: b's entries first (a run cut off by the device's limit keeps the most wanted), a
     model's name selecting its +cudnn entries too; without --models, the manifest's order."""

@@ -255,6 +255,27 @@ def test_timing_events_refuse_bad_calls(loaded):
             _fn(f"tvm_interop.cuda.{name}")(*args)
 
 
+def test_cudnn_engine_policy_is_validated_and_switchable(loaded):
+    """The cuDNN engine policy (``legacy`` by default; ``measured``: graph-API engines and the legacy path timed
+    per convolution shape): set and read back, process-wide; anything else refused naming both, by the Python
+    helper and by the native function itself. Nothing ran here, so no shape has a choice."""
+    initial = native_libs.cudnn_engine_policy()
+    assert initial in native_libs.CUDNN_ENGINE_POLICIES
+    try:
+        assert native_libs.cudnn_engine_policy("measured") == initial
+        assert native_libs.cudnn_engine_policy() == "measured"
+        assert native_libs.cudnn_engine_policy("legacy") == "measured"
+        with pytest.raises(ValueError, match="legacy, measured"):
+            native_libs.cudnn_engine_policy("fastest")
+        with pytest.raises(ValueError, match="set_engine_policy: unknown cuDNN engine policy 'fastest'.*'legacy'"
+                                             ".*'measured'"):
+            _fn("tvm_interop.cudnn.set_engine_policy")("fastest")
+        assert native_libs.cudnn_engine_policy() == "legacy"
+    finally:
+        native_libs.cudnn_engine_policy(initial)
+    assert native_libs.cudnn_conv_choices() == {"policy": initial, "choices": []}
+
+
 # ---- real calls without a GPU ----------------------------------------------------------------------------------
 
 # A child that calls every function with well-formed CUDA tensors (DLPack tensors that claim cuda:0; their data is
@@ -307,6 +328,54 @@ _CALLS = textwrap.dedent('''
             out[key] = type(e).__name__ + ": " + str(e)
     print(json.dumps(out))
 ''')
+
+
+_ENGINES_CHILD = _CALLS.split("    calls = {")[0] + textwrap.dedent('''
+    import os
+    out = {}
+    try:
+        out["policy"] = native_libs.cudnn_engine_policy()
+    except Exception as e:
+        out["policy"] = type(e).__name__ + ": " + str(e)
+    conv = tvm_ffi.get_global_func("tvm_interop.cudnn.conv2d")
+    engines = tvm_ffi.get_global_func("tvm_interop.cudnn.conv_engines")
+    args = ([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], cuda_tensor(1, 3, 8, 8), cuda_tensor(4, 3, 3, 3), cuda_tensor(4),
+            cuda_tensor(1, 4, 8, 8), cuda_tensor(1, 4, 8, 8))
+    for key, fn in (("conv2d", conv), ("conv_engines", engines)):
+        try:
+            out[key] = fn(*args)
+        except Exception as e:
+            out[key] = type(e).__name__ + ": " + str(e)
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.parametrize("policy", ["measured", "fastest"])
+def test_engine_policy_from_the_environment(ext, tmp_path, monkeypatch, policy):
+    """``TVM_INTEROP_CUDNN_ENGINES`` sets the initial policy; an unknown value is an error naming the variable (at
+    the first call that needs the policy, never a crash at load). Without a GPU, a convolution under the measured
+    policy fails like any other (the device is missing before any engine is built), and ``conv_engines`` reports
+    the graphs it could not build with the reason, for both operation graphs (the convolution alone; fused with
+    bias, residual and ReLU), instead of raising."""
+    monkeypatch.setenv("TVM_INTEROP_CUDNN_ENGINES", policy)
+    out, _ = _run_child(tmp_path, _ENGINES_CHILD, ext.shared_path, "preload")
+    if out.get("gpu"):
+        pytest.skip("a CUDA device is present: this test is for GPU-less machines")
+    if policy == "fastest":
+        assert out["policy"].startswith("ValueError: TVM_INTEROP_CUDNN_ENGINES: unknown cuDNN engine policy "
+                                        "'fastest'"), out
+        return
+    assert out["policy"] == "measured"
+    assert out["conv2d"].startswith("RuntimeError: tvm_interop.cudnn.conv2d: "), out
+    if not native_libs.library_candidates("libcudnn.so.9"):
+        assert "libcudnn.so.9" in out["conv_engines"], out   # no cuDNN at all: the error says what to install
+        return
+    report = json.loads(out["conv_engines"])
+    assert report["shape"] == ("x [1, 3, 8, 8] w [4, 3, 3, 3] stride 1x1 pad 1x1 dilation 1x1 groups 1 +bias +z "
+                               "relu")
+    assert report["handle"] is False and report["candidates"] == []
+    assert [d.split(" graph refused: ")[0] for d in report["dropped"]] == ["conv only", "fused"], report
+    assert all(len(d.split(" graph refused: ")[1]) > 0 for d in report["dropped"]), report
 
 
 @pytest.mark.parametrize("preload", ["preload", "no-preload"])

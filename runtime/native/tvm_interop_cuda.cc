@@ -75,12 +75,15 @@ constexpr const char* kTimingRecord = "tvm_interop.cuda.timing_record";
 constexpr const char* kTimingRead = "tvm_interop.cuda.timing_read";
 constexpr const char* kTimingFree = "tvm_interop.cuda.timing_free";
 constexpr const char* kConv2d = "tvm_interop.cudnn.conv2d";
+constexpr const char* kSetEnginePolicy = "tvm_interop.cudnn.set_engine_policy";
+constexpr const char* kConvChoices = "tvm_interop.cudnn.conv_choices";
+constexpr const char* kConvEngines = "tvm_interop.cudnn.conv_engines";
 constexpr const char* kDense = "tvm_interop.cublas.dense";
 constexpr const char* kInfo = "tvm_interop.native.info";
 constexpr const char* kCallStats = "tvm_interop.native.call_stats";
-constexpr std::array<const char*, 11> kFunctionNames = {
-    kEventsCreate, kEventsFree, kEventSync, kTimingCreate, kTimingRecord, kTimingRead,
-    kTimingFree,   kConv2d,     kDense,     kInfo,         kCallStats};
+constexpr std::array<const char*, 14> kFunctionNames = {
+    kEventsCreate, kEventsFree,      kEventSync,   kTimingCreate, kTimingRecord, kTimingRead, kTimingFree,
+    kConv2d,       kSetEnginePolicy, kConvChoices, kConvEngines,  kDense,        kInfo,       kCallStats};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lazily loaded CUDA libraries.
@@ -137,7 +140,13 @@ constexpr std::array<const char*, 11> kFunctionNames = {
   X(cudnnConvolutionForward)                  \
   X(cudnnConvolutionBiasActivationForward)    \
   X(cudnnAddTensor)                           \
-  X(cudnnActivationForward)
+  X(cudnnActivationForward)                   \
+  X(cudnnBackendCreateDescriptor)             \
+  X(cudnnBackendDestroyDescriptor)            \
+  X(cudnnBackendSetAttribute)                 \
+  X(cudnnBackendGetAttribute)                 \
+  X(cudnnBackendFinalize)                     \
+  X(cudnnBackendExecute)
 
 #define TVM_INTEROP_CUBLASLT_FUNCS(X)        \
   X(cublasLtGetVersion)                      \
@@ -1081,12 +1090,10 @@ ConvAlgo ChooseConvAlgo(const CudartApi& rt, const CudnnApi& dnn, cudnnHandle_t 
   return found;
 }
 
-void RunConvUnfused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, const ConvArgs& a, void* ws,
-                    size_t ws_size) {
+// out = act(out + z + bias), in place, as separate cuDNN calls (after a convolution that wrote out alone).
+void RunConvEpilogue(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, const ConvArgs& a) {
   const char* caller = kConv2d;
   const float one = 1.0f, zero = 0.0f;
-  TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnConvolutionForward, handle, &one, p.x, DataPtr(a.x), p.w, DataPtr(a.w),
-                         p.conv, p.algo.algo, ws, ws_size, &zero, p.y, DataPtr(a.out));
   if (a.has_z) {
     TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnAddTensor, handle, &one, p.y, DataPtr(a.z), &one, p.y, DataPtr(a.out));
   }
@@ -1098,6 +1105,15 @@ void RunConvUnfused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p
     TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnActivationForward, handle, p.relu, &one, p.y, DataPtr(a.out), &zero,
                            p.y, DataPtr(a.out));
   }
+}
+
+void RunConvUnfused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, const ConvArgs& a, void* ws,
+                    size_t ws_size) {
+  const char* caller = kConv2d;
+  const float one = 1.0f, zero = 0.0f;
+  TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnConvolutionForward, handle, &one, p.x, DataPtr(a.x), p.w, DataPtr(a.w),
+                         p.conv, p.algo.algo, ws, ws_size, &zero, p.y, DataPtr(a.out));
+  RunConvEpilogue(dnn, handle, p, a);
 }
 
 // cudnnConvolutionBiasActivationForward: y = act(alpha1 * conv(x, w) + alpha2 * z + bias). cuDNN requires a bias,
@@ -1119,6 +1135,31 @@ bool RunConvFused(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, 
   CheckCudnn(dnn, status, "cudnnConvolutionBiasActivationForward", kConv2d);
   return true;
 }
+
+// The legacy path: cudnnConvolutionBiasActivationForward where cuDNN takes the configuration (remembered
+// process-wide when it refuses), else the convolution and its epilogue as separate calls.
+void RunConvLegacy(const CudnnApi& dnn, cudnnHandle_t handle, const ConvPlan& p, const ConvArgs& a, void* ws,
+                   size_t ws_size) {
+  const bool fusable = a.has_bias && (a.relu || p.algo.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  if (fusable) {
+    std::vector<int64_t> fused_key = ConvKey(a);
+    fused_key.push_back(a.relu);
+    fused_key.push_back(static_cast<int64_t>(p.algo.algo));
+    bool refused;
+    {
+      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+      refused = FusedRefused().count(fused_key) > 0;
+    }
+    if (!refused) {
+      if (RunConvFused(dnn, handle, p, a, ws, ws_size)) return;
+      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+      FusedRefused().insert(std::move(fused_key));
+    }
+  }
+  RunConvUnfused(dnn, handle, p, a, ws, ws_size);
+}
+
+#include "cudnn_engines.h"  // NOLINT(build/include): the graph-API engines, in this namespace
 
 void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   const char* caller = kConv2d;
@@ -1157,34 +1198,38 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
   }
   void* ws = EnsureWorkspace(rt, ctx, plan->algo.workspace, capturing, caller);
   const size_t ws_size = ctx.workspace_size;
+  auto legacy = [&] { RunConvLegacy(dnn, handle, *plan, a, ws, ws_size); };
 
-  const bool fusable =
-      a.has_bias && (a.relu || plan->algo.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-  bool done = false;
-  if (fusable) {
-    std::vector<int64_t> fused_key = ConvKey(a);
-    fused_key.push_back(a.relu);
-    fused_key.push_back(static_cast<int64_t>(plan->algo.algo));
-    bool refused;
+  // Policy "measured": the graph-API engines and the legacy path timed once per shape (outside a capture), the
+  // fastest kept (cudnn_engines.h). A capture that meets a shape not measured yet runs the legacy path.
+  std::shared_ptr<ConvChoice> choice;
+  bool chosen_before = true;
+  if (CurrentPolicy() == EnginePolicy::kMeasured) {
+    const std::vector<int64_t> key = ChoiceKey(a);
     {
       std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
-      refused = FusedRefused().count(fused_key) > 0;
+      auto it = ConvChoices().find(key);
+      if (it != ConvChoices().end()) choice = it->second;
     }
-    if (!refused) {
-      const int64_t t_library = NowNs();
-      done = RunConvFused(dnn, handle, *plan, a, ws, ws_size);
-      if (done && steady) RecordCall(kConvStats, t_start, t_library, NowNs());
-      if (!done) {
-        std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
-        FusedRefused().insert(std::move(fused_key));
-      }
+    if (!choice && !capturing) {
+      chosen_before = false;
+      choice = MeasureConvChoice(rt, dnn, handle, stream, *plan, a, legacy);
+      std::lock_guard<std::mutex> cache_lock(ConvAlgoMutex());
+      choice = ConvChoices().emplace(key, choice).first->second;
     }
   }
-  if (!done) {
-    const int64_t t_library = NowNs();
-    RunConvUnfused(dnn, handle, *plan, a, ws, ws_size);
-    if (steady) RecordCall(kConvStats, t_start, t_library, NowNs());
+  const bool graph = choice != nullptr && choice->graph;
+  void* graph_ws = graph ? EnsureWorkspace(rt, ctx, static_cast<size_t>(choice->workspace), capturing, caller)
+                         : nullptr;
+  const int64_t t_library = NowNs();
+  if (graph) {
+    CheckCudnn(dnn, ExecutePlan(dnn, handle, *choice->plan, *choice->op, a, graph_ws), "cudnnBackendExecute",
+               caller);
+    if (!choice->op->fused) RunConvEpilogue(dnn, handle, *plan, a);
+  } else {
+    legacy();
   }
+  if (steady && chosen_before) RecordCall(kConvStats, t_start, t_library, NowNs());
   (void)rv;
 }
 
@@ -1488,6 +1533,18 @@ void RegisterAll() {
   ffi::Function::SetGlobal(kTimingFree, ffi::Function::FromTyped(&TimingFree, kTimingFree), kOverride);
   ffi::Function::SetGlobal(kConv2d, ffi::Function::FromPacked(&Conv2d), kOverride);
   ffi::Function::SetGlobal(kDense, ffi::Function::FromPacked(&Dense), kOverride);
+  ffi::Function::SetGlobal(
+      kSetEnginePolicy,
+      ffi::Function::FromTyped([](ffi::String policy) -> ffi::String { return SetEnginePolicy(policy); },
+                               kSetEnginePolicy),
+      kOverride);
+  ffi::Function::SetGlobal(
+      kConvEngines,
+      ffi::Function::FromPacked([](ffi::PackedArgs args, ffi::Any* rv) { *rv = ffi::String(ConvEngines(args)); }),
+      kOverride);
+  ffi::Function::SetGlobal(
+      kConvChoices, ffi::Function::FromTyped([]() -> ffi::String { return ConvChoicesJson(); }, kConvChoices),
+      kOverride);
   ffi::Function::SetGlobal(kInfo, ffi::Function::FromTyped([]() -> ffi::String { return Info(); }, kInfo),
                            kOverride);
   ffi::Function::SetGlobal(

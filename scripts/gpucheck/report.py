@@ -107,6 +107,7 @@ def render_markdown(result: dict) -> str:
         lines += _waits_table(m)
         lines += _in_context_table(m)
         lines += _library_host_table(m)
+        lines += _cudnn_engines_lines(m)
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
 
@@ -120,6 +121,44 @@ def _library_host_table(m: dict) -> list[str]:
         return []
     return ["Host time per direct library call (steady state; CUDA-graph replays make none):", "",
             "| variant | function | calls | ours us | library us |", "|---|---|---:|---:|---:|", *rows, ""]
+
+
+def _cudnn_engines_lines(m: dict, top: int = 8) -> list[str]:
+    """The engines pass (``run_engines``): each re-timed variant against its legacy-pass time, then per
+    convolution shape what the measured policy chose (the largest savings first) and why candidates dropped out."""
+    ce = m.get("cudnn_engines")
+    if not ce:
+        return []
+    if "error" in ce:
+        return [f"Measured cuDNN engines: the pass failed: {ce['error']}", ""]
+    legacy = {v["name"]: v for v in m.get("variants", [])}
+    lines = ["Measured cuDNN engines (`TVM_INTEROP_CUDNN_ENGINES=measured`: per convolution shape, cuDNN's graph-API "
+             "engines and the legacy path timed on the call's buffers, the fastest kept), against the legacy pass:",
+             "", "| variant | legacy ms | measured engines ms | speed-up | output |", "|---|---:|---:|---:|---|"]
+    for v in ce.get("variants", []):
+        base = legacy.get(v["name"].split(" [")[0], {}).get("median_ms")
+        med = v.get("median_ms")
+        ok = ("ok" if v.get("ok") else f"FAIL {v.get('error', '')}") if v.get("ok") is not None else "n/a"
+        if v.get("ok") and "max_abs_err" in v:
+            ok = f"ok ({v['max_abs_err']:.1e})"
+        lines.append(f"| {v['name']} | {base:.3f} | {med:.3f} | {base / med:.2f}x | {ok} |" if base and med else
+                     f"| {v['name']} | {base or '—'} | — | | {ok} |")
+    shapes = ce.get("shapes", [])
+    saving = f"{ce['legacy_us'] / ce['chosen_us']:.2f}x" if ce.get("chosen_us") else "n/a"
+    lines += ["", f"{len(shapes)} convolution shapes; a graph engine chosen for {ce.get('graph_chosen', 0)}; device "
+              f"time per call summed over the shapes (timed alone, 5 calls each): legacy {ce.get('legacy_us', 0):.0f} "
+              f"us, chosen {ce.get('chosen_us', 0):.0f} us ({saving}).", ""]
+    ranked = sorted((c for c in shapes if c["legacy_us"] > 0 and c["chosen_us"] > 0),
+                    key=lambda c: c["chosen_us"] - c["legacy_us"])[:top]
+    if ranked:
+        lines += ["| shape | chosen | legacy us | chosen us | candidates timed |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {c['shape']} | {c['chosen']} | {c['legacy_us']:.1f} | {c['chosen_us']:.1f} | "
+                  f"{len(c['tried'])} |" for c in ranked]
+        lines.append("")
+    if ce.get("dropped"):
+        lines += ["Candidates left out (reason: shapes): "
+                  + "; ".join(f"{why}: {n}" for why, n in sorted(ce["dropped"].items(), key=lambda x: -x[1])), ""]
+    return lines
 
 
 def _unit_costs_lines(m: dict) -> list[str]:

@@ -426,6 +426,60 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
     return model
 
 
+ENGINES_SUFFIX = " [measured cuDNN engines]"
+
+
+def _engine_variants(entry: dict, model: dict) -> list[dict]:
+    """What the engines pass re-times: the sequential programs (issue 13's target 1 is about them) and the two
+    fastest other variants that ran correctly in the legacy pass (its target 2)."""
+    ok = {r["name"]: r for r in model["variants"] if r.get("ok") and "median_ms" in r}
+    by_name = {v["name"]: v for v in entry["variants"]}
+    chosen = [n for n in ("sequential", "sequential + CUDA graph") if n in ok and n in by_name]
+    others = sorted((r["median_ms"], n) for n, r in ok.items()
+                    if n in by_name and not n.startswith(("plain TVM", "sequential")))
+    chosen += [n for _, n in others[:2]]
+    return [{k: v for k, v in by_name[n].items() if k != "stage_times"} for n in chosen]
+
+
+def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
+    """The model's library variants again with cuDNN's measured engines (``runtime.native_libs.
+    cudnn_engine_policy("measured")``: graph-API engine configurations and the legacy path timed per convolution
+    shape, the fastest kept), each checked against plain TVM; then the per-shape choices. A pass of its own after
+    every model was measured and written: the engine search runs new cuDNN code paths, and a failure here must not
+    cost the rest of the run. The policy is set back to what it was."""
+    from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
+
+    variants = Variants(args.dir, entry, manifest["seed"], dev)
+    previous = cudnn_engine_policy("measured")
+    records: list[dict] = []
+    try:
+        _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
+        for var in _engine_variants(entry, model):
+            rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
+            rec["name"] += ENGINES_SUFFIX
+            records.append(rec)
+            _log_variant(entry["name"], rec)
+        choices = cudnn_conv_choices() or {}
+    finally:
+        cudnn_engine_policy(previous)
+        variants.close()
+    return {"variants": records, **engine_choice_summary(choices)}
+
+
+def engine_choice_summary(choices: dict) -> dict:
+    """``cudnn_conv_choices()`` in short: per shape the legacy and the chosen time, and how many chose a graph
+    engine; the reasons candidates were dropped, counted."""
+    shapes = choices.get("choices", [])
+    dropped: dict[str, int] = {}
+    for c in shapes:
+        for why in c.get("dropped", []):
+            dropped[why] = dropped.get(why, 0) + 1
+    timed = [c for c in shapes if c["legacy_us"] > 0 and c["chosen_us"] > 0]
+    return {"shapes": shapes, "graph_chosen": sum(c["chosen"] != "legacy" for c in shapes),
+            "legacy_us": sum(c["legacy_us"] for c in timed), "chosen_us": sum(c["chosen_us"] for c in timed),
+            "dropped": dropped}
+
+
 def measure_units(args, entry: dict) -> dict:
     """The model's unit bundle (``build --unit-costs``) measured as a cost table, written to
     ``OUT/unit_costs/<model>.json`` (what ``build --auto MODEL=TABLE`` and ``compile --units auto --cost table:``
@@ -503,6 +557,20 @@ def cmd_run(args) -> int:
         # after every model: a run cut off by the device's time limit still returns what it measured
         result["runtime_only"] = runtime_only_status()
         _write(args.out, result)
+    if not args.no_cudnn_engines:
+        for entry, model in zip(entries, result["models"]):
+            if not entry.get("library_units") or "+tf32" in entry["name"]:
+                continue
+            try:
+                model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev)
+            except Exception as e:  # noqa: BLE001 - the legacy pass is recorded; say why this one is not
+                model["cudnn_engines"] = {"error": _error_text(e)}
+            ce = model["cudnn_engines"]
+            log(f"  {entry['name']:16s} measured cuDNN engines: "
+                + (ce["error"] if "error" in ce else
+                   f"graph engine chosen for {ce['graph_chosen']} of {len(ce['shapes'])} shapes; per call "
+                   f"{ce['legacy_us']:.0f} -> {ce['chosen_us']:.0f} us summed"))
+            _write(args.out, result)
     result["runtime_only"] = runtime_only_status()
     _write(args.out, result)
     bad = [(m["name"], v["name"]) for m in result["models"] for v in m["variants"] if v.get("ok") is False]
