@@ -18,8 +18,9 @@
 //
 // Included by tvm_interop_cuda.cc inside its anonymous namespace, after the legacy convolution path: it uses
 // CudartApi, CudnnApi, ConvArgs, ConvPlan, ConvKey, StreamContext, WorkspaceLimit, RunConvEpilogue, DataPtr,
-// ShapeStr and the function names (kSetEnginePolicy, kConvChoices, kConvEngines) from there. A choice is made outside a CUDA-graph capture only (it runs and times kernels); a capture
-// that meets a shape with no choice yet runs the legacy path for that call, like the legacy algorithm search.
+// ShapeStr and the function names (kSetEnginePolicy, kConvChoices, kConvEngines) from there. A choice is made
+// outside a CUDA-graph capture only (it runs and times kernels); a capture that meets a shape with no choice yet
+// runs the legacy path for that call, like the legacy algorithm search.
 
 std::string JsonString(const std::string& s);  // tvm_interop_cuda.cc
 
@@ -111,8 +112,20 @@ struct BackendSteps {
            int64_t count, const void* values, const char* what) {
     return d && Ok(dnn.cudnnBackendSetAttribute(d->get(), name, type, count, values), what);
   }
+  // One backend-descriptor attribute: `value`'s descriptor (a failed earlier step left it null: skipped).
+  bool SetDesc(const BackendDescPtr& d, cudnnBackendAttributeName_t name, const BackendDescPtr& value,
+               const char* what) {
+    if (!value) return Ok(CUDNN_STATUS_BAD_PARAM, what);
+    cudnnBackendDescriptor_t v = value->get();
+    return Set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
+  }
   bool Finalize(const BackendDescPtr& d, const char* what) { return d && Ok(dnn.cudnnBackendFinalize(d->get()), what); }
 };
+
+// The attribute's own name is the failure's text.
+#define TVM_INTEROP_BACKEND_SET(steps, desc, attr, type, count, values) \
+  (steps).Set((desc), attr, type, (count), (values), #attr)
+#define TVM_INTEROP_BACKEND_SET_DESC(steps, desc, attr, value) (steps).SetDesc((desc), attr, (value), #attr)
 
 // Tensor unique ids of the operation graphs (the variant pack names buffers by them).
 enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4, kUidZ = 5, kUidVirtual = 100 };
@@ -132,12 +145,12 @@ BackendDescPtr MakeTensor(BackendSteps& s, std::vector<BackendDescPtr>& keep, in
   const cudnnDataType_t dtype = CUDNN_DATA_FLOAT;
   const int64_t n = static_cast<int64_t>(dims.size());
   BackendDescPtr t = s.Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor descriptor");
-  s.Set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dtype, "CUDNN_ATTR_TENSOR_DATA_TYPE");
-  s.Set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, n, dims.data(), "CUDNN_ATTR_TENSOR_DIMENSIONS");
-  s.Set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, n, strides.data(), "CUDNN_ATTR_TENSOR_STRIDES");
-  s.Set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "CUDNN_ATTR_TENSOR_UNIQUE_ID");
-  s.Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT");
-  s.Set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "CUDNN_ATTR_TENSOR_IS_VIRTUAL");
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dtype);
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, n, dims.data());
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, n, strides.data());
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  TVM_INTEROP_BACKEND_SET(s, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   s.Finalize(t, "tensor descriptor");
   keep.push_back(t);
   return t;
@@ -149,23 +162,16 @@ bool AddPointwise(BackendSteps& s, std::vector<BackendDescPtr>& keep, std::vecto
                   const BackendDescPtr& out) {
   const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
   BackendDescPtr pw = s.Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor");
-  s.Set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "CUDNN_ATTR_POINTWISE_MODE");
-  s.Set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "CUDNN_ATTR_POINTWISE_MATH_PREC");
+  TVM_INTEROP_BACKEND_SET(s, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  TVM_INTEROP_BACKEND_SET(s, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
   s.Finalize(pw, "pointwise descriptor");
   BackendDescPtr op = s.Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation");
-  cudnnBackendDescriptor_t pw_d = pw ? pw->get() : nullptr, in_d = in ? in->get() : nullptr,
-                           out_d = out ? out->get() : nullptr;
-  s.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw_d,
-        "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR");
-  s.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &in_d,
-        "CUDNN_ATTR_OPERATION_POINTWISE_XDESC");
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in);
   if (b) {
-    cudnnBackendDescriptor_t b_d = b->get();
-    s.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b_d,
-          "CUDNN_ATTR_OPERATION_POINTWISE_BDESC");
+    TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
   }
-  s.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out_d,
-        "CUDNN_ATTR_OPERATION_POINTWISE_YDESC");
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
   s.Finalize(op, "pointwise operation");
   keep.push_back(pw);
   keep.push_back(op);
@@ -192,17 +198,13 @@ std::shared_ptr<ConvGraph> MakeConvGraph(const CudnnApi& dnn, cudnnHandle_t hand
   const int64_t spatial = 2;
   const int64_t dil[2] = {a.dil_h, a.dil_w}, stride[2] = {a.stride_h, a.stride_w}, pad[2] = {a.pad_h, a.pad_w};
   BackendDescPtr conv = s.Make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution descriptor");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "CUDNN_ATTR_CONVOLUTION_COMP_TYPE");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode,
-        "CUDNN_ATTR_CONVOLUTION_CONV_MODE");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial,
-        "CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil, "CUDNN_ATTR_CONVOLUTION_DILATIONS");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride,
-        "CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS");
-  s.Set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad,
-        "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS");
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  TVM_INTEROP_BACKEND_SET(s, conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
   s.Finalize(conv, "convolution descriptor");
   g->keep.push_back(conv);
 
@@ -213,20 +215,12 @@ std::shared_ptr<ConvGraph> MakeConvGraph(const CudnnApi& dnn, cudnnHandle_t hand
   std::vector<cudnnBackendDescriptor_t> ops;
   const float alpha = 1.0f, beta = 0.0f;
   BackendDescPtr op = s.Make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "convolution operation");
-  cudnnBackendDescriptor_t conv_d = conv ? conv->get() : nullptr, x_d = x ? x->get() : nullptr,
-                           w_d = w ? w->get() : nullptr, o_d = conv_out ? conv_out->get() : nullptr;
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA");
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA");
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv_d,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC");
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x_d,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X");
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w_d,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W");
-  s.Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o_d,
-        "CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y");
+  TVM_INTEROP_BACKEND_SET(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+  TVM_INTEROP_BACKEND_SET(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+  TVM_INTEROP_BACKEND_SET_DESC(s, op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, conv_out);
   s.Finalize(op, "convolution operation");
   g->keep.push_back(op);
   if (op) ops.push_back(op->get());
@@ -342,10 +336,8 @@ EngineInfo InfoOf(const CudnnApi& dnn, const BackendDescPtr& config) {
 BackendDescPtr MakePlan(const CudnnApi& dnn, cudnnHandle_t handle, const BackendDescPtr& config, int64_t* workspace) {
   BackendSteps s{dnn, {}};
   BackendDescPtr plan = s.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-  cudnnBackendDescriptor_t config_d = config->get();
   s.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "CUDNN_ATTR_EXECUTION_PLAN_HANDLE");
-  s.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config_d,
-        "CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG");
+  TVM_INTEROP_BACKEND_SET_DESC(s, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
   s.Finalize(plan, "execution plan");
   int64_t n = 0;
   *workspace = 0;
