@@ -69,7 +69,8 @@ def dry_build(tmp_path_factory) -> str:
 # ------------------------------------------------------------------------------------- 1. runtime only
 def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
     """Both GPU-side steps, end to end, with libtvm_runtime alone and every compiler-only import blocked (the
-    diagnose step's serialized child process included)."""
+    diagnose step's serialized child process included); the run's report records the environment and the commit
+    the carried build was made from."""
     env, log = _runtime_only_env(tmp_path)
     out = str(tmp_path / "out")
     r = _gc("run", "--dir", dry_build, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "2",
@@ -95,6 +96,14 @@ def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
                           "keepalive_16"}
     assert all(math.isfinite(v["host_us"]) and math.isfinite(v["total_us"]) for v in probe.values())
     assert "Host cost per op (probe)" in open(os.path.join(out, "gpu_check.md")).read()
+    assert set(ENV_KEYS) <= set(result["environment"])
+    assert result["models"][0]["kernels"] == {"libs/squeezenet.plain.so": [], "libs/squeezenet.sched.so": [],
+                                              "bundles/squeezenet/bundle.so": []}
+    md = open(os.path.join(out, "gpu_check.md")).read()
+    assert "| compute capability |" in md and "| CUDA runtime |" in md
+    # the code the carried build holds: the commit it was made from (a build may run on the GPU much later)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert result["build"]["built_from"].startswith(rev.strip()) and f"built from {rev.strip()}" in md
 
 
 def test_torch_replay_needs_only_tvm_runtime(tmp_path):
@@ -268,22 +277,6 @@ def test_environment_is_robust_when_everything_is_missing(monkeypatch):
     for k in ("device", "compute_capability", "sm_count", "driver", "nvcc", "cuda_runtime", "tvm_cuda_api"):
         assert env[k] == "not found", (k, env[k])
     json.dumps(env)
-
-
-def test_run_report_records_the_environment(dry_build, tmp_path):
-    out = str(tmp_path / "out")
-    r = _gc("run", "--dir", dry_build, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "0",
-            "--models", "squeezenet")
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.load(open(os.path.join(out, "gpu_check.json")))
-    assert set(ENV_KEYS) <= set(result["environment"])
-    assert result["models"][0]["kernels"] == {"libs/squeezenet.plain.so": [], "libs/squeezenet.sched.so": [],
-                                              "bundles/squeezenet/bundle.so": []}
-    md = open(os.path.join(out, "gpu_check.md")).read()
-    assert "| compute capability |" in md and "| CUDA runtime |" in md
-    # the code the carried build holds: the commit it was made from (a build may run on the GPU much later)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    assert result["build"]["built_from"].startswith(rev.strip()) and f"built from {rev.strip()}" in md
 
 
 # ------------------------------------------------------------------------------------- 5. build (CUDA)
