@@ -366,13 +366,27 @@ std::vector<void*> GraphPointers(const ConvGraph& g, const ConvArgs& a) {
   return ptrs;
 }
 
-// Runs one plan on the handle's stream: a fresh variant pack per call (the buffers may differ between calls).
+// Finalized variant packs of one plan by their buffers (the data pointers, then the workspace). A program's
+// buffers are the same on every call (TVM plans its memory statically), so a pack is built once per buffer set,
+// not per call: building one costs host time on the critical path of a direct (not captured) program. Bounded.
+struct PackCache {
+  static constexpr size_t kMax = 256;
+  std::map<std::vector<void*>, BackendDescPtr> packs;   // used under CudnnCallMutex(), like every conv2d call
+};
+
+// Runs one plan on the handle's stream; the pack comes from `cache` (nullptr: a fresh one).
 cudnnStatus_t ExecutePlan(const CudnnApi& dnn, cudnnHandle_t handle, const BackendDesc& plan, const ConvGraph& g,
-                          const ConvArgs& a, void* workspace) {
+                          const ConvArgs& a, void* workspace, PackCache* cache) {
   std::vector<void*> ptrs = GraphPointers(g, a);
-  BackendDesc pack(dnn, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  if (pack.get() == nullptr) return pack.status();
-  cudnnBackendDescriptor_t p = pack.get();
+  std::vector<void*> key = ptrs;
+  key.push_back(workspace);
+  if (cache != nullptr) {
+    auto it = cache->packs.find(key);
+    if (it != cache->packs.end()) return dnn.cudnnBackendExecute(handle, plan.get(), it->second->get());
+  }
+  auto pack = std::make_shared<BackendDesc>(dnn, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  if (pack->get() == nullptr) return pack->status();
+  cudnnBackendDescriptor_t p = pack->get();
   cudnnStatus_t st;
   if ((st = dnn.cudnnBackendSetAttribute(p, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
                                          static_cast<int64_t>(g.uids.size()), g.uids.data())) != CUDNN_STATUS_SUCCESS ||
@@ -383,6 +397,10 @@ cudnnStatus_t ExecutePlan(const CudnnApi& dnn, cudnnHandle_t handle, const Backe
       (st = dnn.cudnnBackendFinalize(p)) != CUDNN_STATUS_SUCCESS) {
     return st;
   }
+  if (cache != nullptr) {
+    if (cache->packs.size() >= PackCache::kMax) cache->packs.clear();
+    cache->packs.emplace(std::move(key), pack);
+  }
   return dnn.cudnnBackendExecute(handle, plan.get(), p);
 }
 
@@ -391,6 +409,7 @@ struct ConvChoice {
   bool graph = false;
   std::shared_ptr<ConvGraph> op;
   BackendDescPtr config, plan;   // the engine configuration is kept as long as the plan made from it
+  PackCache packs;
   int64_t workspace = 0;
   std::string label = "legacy";
   std::string shape;
@@ -423,6 +442,22 @@ std::string ConvShapeText(const ConvArgs& a) {
   return os.str();
 }
 
+// Holds a stream at a host function until the host has queued the calls to time (or 200 ms have passed): the
+// calls then run back to back, so their events measure device time, not the host's issue rate. Without it a
+// short convolution would be timed at the legacy API's ~40 us of host work per call (measured on the H100 run of
+// 2026-11-26) and lose to any engine with less host work, also in a CUDA graph, where host work costs nothing.
+// The timeout keeps a call that synchronises internally from waiting on the gate for ever.
+struct StreamGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB Wait(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!gate->open.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
+};
+
 // Device time of `fn` on `stream`, in microseconds per call (one untimed call first), or -1 when a call fails.
 template <typename Fn>
 double TimeCalls(const CudartApi& rt, cudaStream_t stream, int calls, Fn&& fn) {
@@ -433,20 +468,31 @@ double TimeCalls(const CudartApi& rt, cudaStream_t stream, int calls, Fn&& fn) {
     if (start) rt.cudaEventDestroy(start);
     return -1;
   }
-  struct Release {  // also when `fn` throws (the legacy path raises cuDNN's errors)
+  StreamGate gate;
+  // Also when `fn` throws (the legacy path raises cuDNN's errors): open the gate, then wait for an event queued
+  // behind the host function, so it has returned before `gate` goes out of scope; then free the events.
+  struct Release {
     const CudartApi& rt;
+    cudaStream_t stream;
+    StreamGate& gate;
     cudaEvent_t a, b;
     ~Release() {
+      gate.open.store(true, std::memory_order_release);
+      rt.cudaEventRecord(b, stream);
+      rt.cudaEventSynchronize(b);
       rt.cudaGetLastError();
       rt.cudaEventDestroy(a);
       rt.cudaEventDestroy(b);
     }
-  } release{rt, start, stop};
+  } release{rt, stream, gate, start, stop};
   if (!fn()) return -1;
+  const bool gated = rt.cudaLaunchHostFunc(stream, &StreamGate::Wait, &gate) == cudaSuccess;
+  if (!gated) rt.cudaGetLastError();
   rt.cudaEventRecord(start, stream);
   bool ok = true;
   for (int i = 0; i < calls && ok; ++i) ok = fn();
   rt.cudaEventRecord(stop, stream);
+  gate.open.store(true, std::memory_order_release);
   float ms = 0;
   const bool timed = rt.cudaEventSynchronize(stop) == cudaSuccess &&
                      rt.cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
@@ -529,12 +575,13 @@ std::shared_ptr<ConvChoice> MeasureConvChoice(const CudartApi& rt, const CudnnAp
     scratch_size /= 2;  // out of memory: candidates that need more drop out below
   }
   for (const auto& c : candidates) {
+    PackCache packs;   // as the chosen plan will run: its pack built once
     if (c.workspace > scratch_size) {
       choice->tried.push_back({c.label, -1});
       continue;
     }
     double us = TimeCalls(rt, stream, kCalls, [&] {
-      if (ExecutePlan(dnn, handle, *c.plan, *c.op, a, scratch) != CUDNN_STATUS_SUCCESS) return false;
+      if (ExecutePlan(dnn, handle, *c.plan, *c.op, a, scratch, &packs) != CUDNN_STATUS_SUCCESS) return false;
       if (!c.op->fused) RunConvEpilogue(dnn, handle, p, a);
       return true;
     });

@@ -57,6 +57,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,7 @@ constexpr std::array<const char*, 14> kFunctionNames = {
   X(cudaEventRecord)                 \
   X(cudaEventSynchronize)            \
   X(cudaEventElapsedTime)            \
+  X(cudaLaunchHostFunc)              \
   X(cudaStreamWaitEvent)             \
   X(cudaStreamIsCapturing)           \
   X(cudaThreadExchangeStreamCaptureMode) \
@@ -1223,8 +1225,8 @@ void Conv2d(ffi::PackedArgs args, ffi::Any* rv) {
                          : nullptr;
   const int64_t t_library = NowNs();
   if (graph) {
-    CheckCudnn(dnn, ExecutePlan(dnn, handle, *choice->plan, *choice->op, a, graph_ws), "cudnnBackendExecute",
-               caller);
+    CheckCudnn(dnn, ExecutePlan(dnn, handle, *choice->plan, *choice->op, a, graph_ws, &choice->packs),
+               "cudnnBackendExecute", caller);
     if (!choice->op->fused) RunConvEpilogue(dnn, handle, *plan, a);
   } else {
     legacy();
