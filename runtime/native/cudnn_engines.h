@@ -527,6 +527,7 @@ std::vector<GraphCandidate> GraphCandidates(const CudnnApi& dnn, cudnnHandle_t h
     std::set<int64_t> seen;
     int taken = 0, tensor_core = 0, nvrtc = 0, unfinalized = 0, too_big = 0;
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_FALLBACK}) {
+      if (taken >= per_graph) break;   // mode B's queries cost host time: none once the quota is full
       for (const BackendDescPtr& config : HeuristicConfigs(dnn, *g, mode)) {
         if (taken >= per_graph) break;
         EngineInfo info = InfoOf(dnn, config);
