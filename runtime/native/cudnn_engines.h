@@ -601,6 +601,10 @@ std::shared_ptr<ConvChoice> MeasureConvChoice(const CudartApi& rt, const CudnnAp
   return choice;  // the winner's plan and graph stay alive with the choice; the other candidates' go here
 }
 
+// A time for JSON: a non-finite one (a timing that went wrong) as -1, like a candidate that failed to run, since
+// JSON has no inf or nan.
+double JsonUs(double us) { return std::isfinite(us) ? us : -1.0; }
+
 // Every choice made in this process, as JSON (for gpu_check's report).
 std::string ConvChoicesJson() {
   std::lock_guard<std::mutex> lock(ConvAlgoMutex());
@@ -609,9 +613,10 @@ std::string ConvChoicesJson() {
   bool first = true;
   for (const auto& [key, c] : ConvChoices()) {
     os << (first ? "" : ", ") << "{\"shape\": " << JsonString(c->shape) << ", \"chosen\": " << JsonString(c->label)
-       << ", \"legacy_us\": " << c->legacy_us << ", \"chosen_us\": " << c->chosen_us << ", \"tried\": [";
+       << ", \"legacy_us\": " << JsonUs(c->legacy_us) << ", \"chosen_us\": " << JsonUs(c->chosen_us)
+       << ", \"tried\": [";
     for (size_t i = 0; i < c->tried.size(); ++i) {
-      os << (i ? ", " : "") << "[" << JsonString(c->tried[i].first) << ", " << c->tried[i].second << "]";
+      os << (i ? ", " : "") << "[" << JsonString(c->tried[i].first) << ", " << JsonUs(c->tried[i].second) << "]";
     }
     os << "], \"dropped\": [";
     for (size_t i = 0; i < c->dropped.size(); ++i) os << (i ? ", " : "") << JsonString(c->dropped[i]);
