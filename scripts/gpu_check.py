@@ -163,6 +163,9 @@ def main(argv=None) -> int:
                    help="interleaved rounds of the candidate pick per scheduler (0: skip)")
     r.add_argument("--no-cudnn-engines", action="store_true",
                    help="skip the pass that re-times the library entries with cuDNN's measured engines")
+    r.add_argument("--no-kernel-profile", action="store_true",
+                   help="skip the per-kernel profiles (torch.profiler) of PyTorch eager and of our sequential "
+                        "library programs")
     r.set_defaults(func=cmd_run)
     g = sub.add_parser("diagnose", help="there: run concurrent variants repeatedly, and serialized; find races")
     g.add_argument("--dir", default=DEFAULT_DIR)

@@ -637,6 +637,45 @@ def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch
     assert out["shapes"] == [] and out["graph_chosen"] == 0
 
 
+def test_kernel_profiles_are_summarised_and_reported():
+    """``gpucheck.kernel_profile``: per-run device time by kernel and class from torch.profiler's aggregated
+    events (GPU events only: the host op that launched kernels would count them twice), and the report's tables
+    for PyTorch eager and our sequential program with the legacy and the measured engines. Illustrative events."""
+    import types
+
+    from gpucheck import report as gcreport
+    from gpucheck.kernel_profile import kernel_class, summarise
+
+    def ev(key, us, count, device="DeviceType.CUDA"):
+        return types.SimpleNamespace(key=key, self_device_time_total=us, count=count, device_type=device)
+
+    events = [ev("sm90_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw", 500.0, 50),
+              ev("implicit_convolve_sgemm", 250.0, 25), ev("cudnn::bn_fw_inf_1C11_kernel_NCHW", 100.0, 50),
+              ev("fused_max_pool2d_kernel", 25.0, 5), ev("aten::conv2d", 750.0, 75, device="DeviceType.CPU"),
+              ev("Memset (Device)", 0.0, 5)]
+    p = summarise(events, runs=5)
+    assert p["kernels"] == 4 and p["total_us"] == pytest.approx(175.0)
+    assert p["classes"] == {"convolution / GEMM": pytest.approx(150.0), "batch norm": pytest.approx(20.0),
+                            "pooling": pytest.approx(5.0)}
+    assert p["top"][0] == {"name": events[0].key, "us": pytest.approx(100.0), "calls": pytest.approx(10.0)}
+    assert kernel_class("at::native::vectorized_elementwise_kernel<relu>") == "other"
+    assert kernel_class("fused_concatenate5_kernel") == "copy / concat"
+
+    torch_rec = {"name": "PyTorch eager (cuDNN)", "median_ms": 4.2, "ok": None, "kernel_profile": p}
+    base = {"name": "m", "units": 3, "image_size": 32, "variants": [torch_rec]}
+    lib = {"name": "m+cudnn", "units": 3, "image_size": 32, "variants": [],
+           "cudnn_engines": {"variants": [{"name": "sequential [measured cuDNN engines]", "median_ms": 4.0,
+                                           "ok": True, "kernel_profile": p}],
+                             "legacy_kernel_profile": {"error": "RuntimeError: CUPTI unavailable"},
+                             "shapes": [], "graph_chosen": 0, "legacy_us": 0, "chosen_us": 0, "dropped": {}}}
+    md = gcreport.render_markdown({"models": [base, lib]})
+    assert "**PyTorch eager (cuDNN)**: 175 us in 4 distinct kernels (convolution / GEMM 150 us, batch norm 20 us" \
+        in md
+    assert "| `sm90_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw` | 100.0 | 10 |" in md
+    assert "- sequential, legacy cuDNN engines: no profile (RuntimeError: CUPTI unavailable)" in md
+    assert "**sequential [measured cuDNN engines]**: 175 us" in md
+
+
 def test_run_takes_models_in_the_order_given_with_their_entries():
     """``run --models b,a``: b's entries first (a run cut off by the device's limit keeps the most wanted), a
     model's name selecting its +cudnn entries too; without --models, the manifest's order."""

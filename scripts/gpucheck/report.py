@@ -7,6 +7,7 @@ import os
 
 from .common import REPO
 from .device import render_environment
+from .kernel_profile import render_profiles
 from .probe import render_probe
 from .targets import render_targets
 
@@ -108,6 +109,7 @@ def render_markdown(result: dict) -> str:
         lines += _in_context_table(m)
         lines += _library_host_table(m)
         lines += _cudnn_engines_lines(m)
+        lines += _kernel_profile_lines(m)
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
 
@@ -159,6 +161,17 @@ def _cudnn_engines_lines(m: dict, top: int = 8) -> list[str]:
         lines += ["Candidates left out (reason: shapes): "
                   + "; ".join(f"{why}: {n}" for why, n in sorted(ce["dropped"].items(), key=lambda x: -x[1])), ""]
     return lines
+
+
+def _kernel_profile_lines(m: dict) -> list[str]:
+    """The per-kernel profiles of the entry: PyTorch eager's (base entry), our sequential program's with the
+    legacy and the measured cuDNN engines (library entries)."""
+    ce = m.get("cudnn_engines") or {}
+    profiles = [(v["name"], v["kernel_profile"]) for v in m.get("variants", []) if v.get("kernel_profile")]
+    if ce.get("legacy_kernel_profile"):
+        profiles.append(("sequential, legacy cuDNN engines", ce["legacy_kernel_profile"]))
+    profiles += [(v["name"], v["kernel_profile"]) for v in ce.get("variants", []) if v.get("kernel_profile")]
+    return render_profiles(profiles)
 
 
 def _unit_costs_lines(m: dict) -> list[str]:

@@ -18,6 +18,7 @@ from tvm_interop.runtime.errors import DeviceError
 from .common import derive_weights
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
                      runtime_only_status)
+from .kernel_profile import profile_kernels
 from .report import render_markdown
 from .torch_replay import torch_runner
 
@@ -371,6 +372,8 @@ def _torch_records(args, manifest: dict, entry: dict) -> list[dict]:
                 run()
             graph.update(_bench(g.replay, torch.cuda.synchronize, args.warmup, args.repeat))
             graph["ok"] = None
+            if not getattr(args, "no_kernel_profile", False):   # which kernels PyTorch runs, and for how long
+                eager["kernel_profile"] = profile_kernels(run, torch.cuda.synchronize)
     except Exception as e:  # noqa: BLE001
         for rec in (eager, graph):
             if "median_ms" not in rec:
@@ -441,21 +444,29 @@ def _engine_variants(entry: dict, model: dict) -> list[dict]:
     return [{k: v for k, v in by_name[n].items() if k != "stage_times"} for n in chosen]
 
 
-def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
+def run_engines(args, manifest: dict, entry: dict, model: dict, dev, profile: bool = False) -> dict:
     """The model's library variants again with cuDNN's measured engines (``runtime.native_libs.
     cudnn_engine_policy("measured")``: graph-API engine configurations and the legacy path timed per convolution
     shape, the fastest kept), each checked against plain TVM; then the per-shape choices. A pass of its own after
     every model was measured and written: the engine search runs new cuDNN code paths, and a failure here must not
-    cost the rest of the run. The policy is set back to what it was."""
+    cost the rest of the run. The policy is set back to what it was. ``profile``: the sequential program's kernels
+    under the CUDA profiler, with the legacy engines and with the measured ones (``kernel_profile``)."""
     from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
 
     variants = Variants(args.dir, entry, manifest["seed"], dev)
+    chosen = _engine_variants(entry, model)
+    sequential = next((v for v in chosen if v["name"] == "sequential"), None)
+    out: dict = {}
+    if profile and sequential is not None:   # before the policy changes: today's (legacy) kernels
+        out["legacy_kernel_profile"] = profile_kernels(variants.call(sequential), dev.sync)
     previous = cudnn_engine_policy("measured")
     records: list[dict] = []
     try:
         _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
-        for var in _engine_variants(entry, model):
-            rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
+        for var in chosen:
+            rec, _, call = _check_variant(variants, var, ref, False, args, dev.sync)
+            if profile and var is sequential and call is not None:
+                rec["kernel_profile"] = profile_kernels(call, dev.sync)
             rec["name"] += ENGINES_SUFFIX
             records.append(rec)
             _log_variant(entry["name"], rec)
@@ -463,7 +474,7 @@ def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     finally:
         cudnn_engine_policy(previous)
         variants.close()
-    return {"variants": records, **engine_choice_summary(choices)}
+    return {"variants": records, **out, **engine_choice_summary(choices)}
 
 
 def engine_choice_summary(choices: dict) -> dict:
@@ -562,7 +573,9 @@ def cmd_run(args) -> int:
             if not entry.get("library_units") or "+tf32" in entry["name"]:
                 continue
             try:
-                model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev)
+                model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev,
+                                                     profile=result["torch"] is not None and
+                                                     not args.no_kernel_profile)
             except Exception as e:  # noqa: BLE001 - the legacy pass is recorded; say why this one is not
                 model["cudnn_engines"] = {"error": _error_text(e)}
             ce = model["cudnn_engines"]

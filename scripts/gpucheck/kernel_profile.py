@@ -1,0 +1,102 @@
+"""Per-kernel device time of one program, from the CUDA profiler PyTorch ships (CUPTI, through ``torch.profiler``).
+
+Why: issue 13's target 1 puts our sequential program against PyTorch eager + CUDA graph, and the 2026-11-26 H100
+run put the gap in the convolutions (Inception-v3: our 95 cuDNN calls ~4.8 ms in a CUDA graph, PyTorch's whole
+network 3.83 ms). Which kernels each side runs (a cuDNN kernel's name says its engine: implicit GEMM, Winograd,
+FFT, an sm90 xmma kernel) and how long each takes is what explains such a gap. The profiler records every CUDA
+kernel of the process, whoever launched it, so our TVM / cuDNN program is profiled exactly like PyTorch's.
+
+Runs only where torch with CUDA is installed (the GPU machine); a failure is recorded, never raised.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+TOP = 12        # kernels listed per profile, the most time first
+RUNS = 5        # profiled calls (after one unprofiled call)
+
+_CLASSES = (    # first match wins; a name is lower-cased before matching
+    ("batch norm", re.compile(r"bn_fw|batch_?norm")),
+    ("convolution / GEMM", re.compile(r"conv|xmma|gemm|winograd|fft|implicit|cutlass|sm\d\d_")),
+    ("pooling", re.compile(r"pool")),
+    ("copy / concat", re.compile(r"concat|cat_|copy|memcpy|memset")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """A coarse class of a kernel by its name (the classes of :data:`_CLASSES`, else ``other``)."""
+    low = name.lower()
+    return next((c for c, pat in _CLASSES if pat.search(low)), "other")
+
+
+def _device_us(event) -> float:
+    """An aggregated profiler event's device time in microseconds (the attribute's name changed across torch
+    versions: ``self_device_time_total``, ``device_time_total``, ``cuda_time_total``)."""
+    for attr in ("self_device_time_total", "device_time_total", "cuda_time_total"):
+        v = getattr(event, attr, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def _is_device_event(event) -> bool:
+    """A kernel (or copy) on the GPU, not the host-side op that launched it (whose device time would count its
+    kernels twice)."""
+    return str(getattr(event, "device_type", "")).upper().endswith("CUDA")
+
+
+def summarise(events, runs: int, top: int = TOP) -> dict:
+    """Per-run device time by kernel name and by class, from aggregated profiler events."""
+    rows: dict[str, dict] = {}
+    for e in events:
+        us = _device_us(e)
+        if us <= 0 or not _is_device_event(e):
+            continue
+        row = rows.setdefault(e.key, {"us": 0.0, "calls": 0.0})
+        row["us"] += us / runs
+        row["calls"] += getattr(e, "count", 0) / runs
+    classes: dict[str, float] = {}
+    for name, row in rows.items():
+        c = kernel_class(name)
+        classes[c] = classes.get(c, 0.0) + row["us"]
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1]["us"])
+    return {"runs": runs, "kernels": len(rows), "total_us": sum(r["us"] for r in rows.values()),
+            "classes": dict(sorted(classes.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": n, "us": r["us"], "calls": r["calls"]} for n, r in ranked[:top]]}
+
+
+def profile_kernels(fn: Callable[[], object], sync: Callable[[], None], runs: int = RUNS) -> dict:
+    """``fn`` called ``runs`` times under the CUDA profiler: per-run device time by kernel and class; or
+    ``{"error": ...}`` when the profiler is missing or fails (the run goes on without it)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        sync()   # nothing of a first call (algorithm searches, module loads) in the profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                fn()
+            sync()
+        return summarise(prof.key_averages(), runs)
+    except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def render_profiles(profiles: list[tuple[str, dict]]) -> list[str]:
+    """Markdown: per profiled program its device time per run by class, then its top kernels."""
+    profiles = [(label, p) for label, p in profiles if p]
+    if not profiles:
+        return []
+    lines = ["Kernels by device time per run (CUDA profiler through torch.profiler; "
+             f"{profiles[0][1].get('runs', RUNS)} runs after one unprofiled call):", ""]
+    for label, p in profiles:
+        if "error" in p:
+            lines += [f"- {label}: no profile ({p['error']})", ""]
+            continue
+        classes = ", ".join(f"{c} {us:.0f} us" for c, us in p["classes"].items())
+        lines += [f"**{label}**: {p['total_us']:.0f} us in {p['kernels']} distinct kernels ({classes}).", "",
+                  "| kernel | us per run | calls per run |", "|---|---:|---:|"]
+        lines += [f"| `{k['name'][:110]}` | {k['us']:.1f} | {k['calls']:.0f} |" for k in p["top"]]
+        lines.append("")
+    return lines
