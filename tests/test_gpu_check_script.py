@@ -640,7 +640,8 @@ def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch
 def test_kernel_profiles_are_summarised_and_reported():
     """``gpucheck.kernel_profile``: per-run device time by kernel and class from torch.profiler's aggregated
     events (GPU events only: the host op that launched kernels would count them twice), and the report's tables
-    for PyTorch eager and our sequential program with the legacy and the measured engines. Illustrative events."""
+    for PyTorch eager and our sequential program with the legacy and the measured engines (``run_profiles``, last
+    in the run). Illustrative events."""
     import types
 
     from gpucheck import report as gcreport
@@ -661,19 +662,17 @@ def test_kernel_profiles_are_summarised_and_reported():
     assert kernel_class("at::native::vectorized_elementwise_kernel<relu>") == "other"
     assert kernel_class("fused_concatenate5_kernel") == "copy / concat"
 
-    torch_rec = {"name": "PyTorch eager (cuDNN)", "median_ms": 4.2, "ok": None, "kernel_profile": p}
-    base = {"name": "m", "units": 3, "image_size": 32, "variants": [torch_rec]}
+    base = {"name": "m", "units": 3, "image_size": 32, "variants": [],
+            "kernel_profiles": {"PyTorch eager (cuDNN)": p}}
     lib = {"name": "m+cudnn", "units": 3, "image_size": 32, "variants": [],
-           "cudnn_engines": {"variants": [{"name": "sequential [measured cuDNN engines]", "median_ms": 4.0,
-                                           "ok": True, "kernel_profile": p}],
-                             "legacy_kernel_profile": {"error": "RuntimeError: CUPTI unavailable"},
-                             "shapes": [], "graph_chosen": 0, "legacy_us": 0, "chosen_us": 0, "dropped": {}}}
+           "kernel_profiles": {"sequential, legacy cuDNN engines": {"error": "RuntimeError: CUPTI unavailable"},
+                               "sequential, measured cuDNN engines": p}}
     md = gcreport.render_markdown({"models": [base, lib]})
     assert "**PyTorch eager (cuDNN)**: 175 us in 4 distinct kernels (convolution / GEMM 150 us, batch norm 20 us" \
         in md
     assert "| `sm90_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw` | 100.0 | 10 |" in md
     assert "- sequential, legacy cuDNN engines: no profile (RuntimeError: CUPTI unavailable)" in md
-    assert "**sequential [measured cuDNN engines]**: 175 us" in md
+    assert "**sequential, measured cuDNN engines**: 175 us" in md
 
 
 def test_run_takes_models_in_the_order_given_with_their_entries():

@@ -164,14 +164,9 @@ def _cudnn_engines_lines(m: dict, top: int = 8) -> list[str]:
 
 
 def _kernel_profile_lines(m: dict) -> list[str]:
-    """The per-kernel profiles of the entry: PyTorch eager's (base entry), our sequential program's with the
-    legacy and the measured cuDNN engines (library entries)."""
-    ce = m.get("cudnn_engines") or {}
-    profiles = [(v["name"], v["kernel_profile"]) for v in m.get("variants", []) if v.get("kernel_profile")]
-    if ce.get("legacy_kernel_profile"):
-        profiles.append(("sequential, legacy cuDNN engines", ce["legacy_kernel_profile"]))
-    profiles += [(v["name"], v["kernel_profile"]) for v in ce.get("variants", []) if v.get("kernel_profile")]
-    return render_profiles(profiles)
+    """The entry's per-kernel profiles (``run_profiles``): PyTorch eager's, our sequential program's with the
+    legacy and with the measured cuDNN engines."""
+    return render_profiles(list((m.get("kernel_profiles") or {}).items()))
 
 
 def _unit_costs_lines(m: dict) -> list[str]:

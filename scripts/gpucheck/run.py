@@ -372,8 +372,6 @@ def _torch_records(args, manifest: dict, entry: dict) -> list[dict]:
                 run()
             graph.update(_bench(g.replay, torch.cuda.synchronize, args.warmup, args.repeat))
             graph["ok"] = None
-            if not getattr(args, "no_kernel_profile", False):   # which kernels PyTorch runs, and for how long
-                eager["kernel_profile"] = profile_kernels(run, torch.cuda.synchronize)
     except Exception as e:  # noqa: BLE001
         for rec in (eager, graph):
             if "median_ms" not in rec:
@@ -444,29 +442,21 @@ def _engine_variants(entry: dict, model: dict) -> list[dict]:
     return [{k: v for k, v in by_name[n].items() if k != "stage_times"} for n in chosen]
 
 
-def run_engines(args, manifest: dict, entry: dict, model: dict, dev, profile: bool = False) -> dict:
+def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     """The model's library variants again with cuDNN's measured engines (``runtime.native_libs.
     cudnn_engine_policy("measured")``: graph-API engine configurations and the legacy path timed per convolution
     shape, the fastest kept), each checked against plain TVM; then the per-shape choices. A pass of its own after
     every model was measured and written: the engine search runs new cuDNN code paths, and a failure here must not
-    cost the rest of the run. The policy is set back to what it was. ``profile``: the sequential program's kernels
-    under the CUDA profiler, with the legacy engines and with the measured ones (``kernel_profile``)."""
+    cost the rest of the run. The policy is set back to what it was."""
     from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
 
     variants = Variants(args.dir, entry, manifest["seed"], dev)
-    chosen = _engine_variants(entry, model)
-    sequential = next((v for v in chosen if v["name"] == "sequential"), None)
-    out: dict = {}
-    if profile and sequential is not None:   # before the policy changes: today's (legacy) kernels
-        out["legacy_kernel_profile"] = profile_kernels(variants.call(sequential), dev.sync)
     previous = cudnn_engine_policy("measured")
     records: list[dict] = []
     try:
         _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
-        for var in chosen:
-            rec, _, call = _check_variant(variants, var, ref, False, args, dev.sync)
-            if profile and var is sequential and call is not None:
-                rec["kernel_profile"] = profile_kernels(call, dev.sync)
+        for var in _engine_variants(entry, model):
+            rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
             rec["name"] += ENGINES_SUFFIX
             records.append(rec)
             _log_variant(entry["name"], rec)
@@ -474,7 +464,37 @@ def run_engines(args, manifest: dict, entry: dict, model: dict, dev, profile: bo
     finally:
         cudnn_engine_policy(previous)
         variants.close()
-    return {"variants": records, **out, **engine_choice_summary(choices)}
+    return {"variants": records, **engine_choice_summary(choices)}
+
+
+def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
+    """Per-kernel device time (``kernel_profile.profile_kernels``) of PyTorch eager (an entry with a PyTorch
+    program) and of our sequential program with the legacy and with the measured cuDNN engines (a library
+    entry). Last in the run, after every timing: the profiler must not touch a measured number."""
+    import torch
+
+    from tvm_interop.runtime.native_libs import cudnn_engine_policy
+
+    out: dict[str, dict] = {}
+    if entry.get("torch_program"):
+        with open(os.path.join(args.dir, entry["torch_program"]), encoding="utf-8") as f:
+            run = torch_runner(json.load(f), "cuda", manifest["seed"])
+        with torch.inference_mode():
+            out["PyTorch eager (cuDNN)"] = profile_kernels(run, torch.cuda.synchronize)
+    sequential = next((v for v in entry["variants"] if v["name"] == "sequential"), None)
+    if entry.get("library_units") and sequential is not None:
+        variants = Variants(args.dir, entry, manifest["seed"], dev)
+        try:
+            call = variants.call(sequential)
+            out["sequential, legacy cuDNN engines"] = profile_kernels(call, dev.sync)
+            previous = cudnn_engine_policy("measured")
+            try:
+                out["sequential, measured cuDNN engines"] = profile_kernels(call, dev.sync)
+            finally:
+                cudnn_engine_policy(previous)
+        finally:
+            variants.close()
+    return out
 
 
 def engine_choice_summary(choices: dict) -> dict:
@@ -573,9 +593,7 @@ def cmd_run(args) -> int:
             if not entry.get("library_units") or "+tf32" in entry["name"]:
                 continue
             try:
-                model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev,
-                                                     profile=result["torch"] is not None and
-                                                     not args.no_kernel_profile)
+                model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev)
             except Exception as e:  # noqa: BLE001 - the legacy pass is recorded; say why this one is not
                 model["cudnn_engines"] = {"error": _error_text(e)}
             ce = model["cudnn_engines"]
@@ -583,6 +601,15 @@ def cmd_run(args) -> int:
                 + (ce["error"] if "error" in ce else
                    f"graph engine chosen for {ce['graph_chosen']} of {len(ce['shapes'])} shapes; per call "
                    f"{ce['legacy_us']:.0f} -> {ce['chosen_us']:.0f} us summed"))
+            _write(args.out, result)
+    if result["torch"] is not None and not args.no_kernel_profile:
+        for entry, model in zip(entries, result["models"]):
+            if "+tf32" in entry["name"] or not (entry.get("torch_program") or entry.get("library_units")):
+                continue
+            try:
+                model["kernel_profiles"] = run_profiles(args, manifest, entry, model, dev)
+            except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
+                model["kernel_profiles"] = {"all": {"error": _error_text(e)}}
             _write(args.out, result)
     result["runtime_only"] = runtime_only_status()
     _write(args.out, result)
