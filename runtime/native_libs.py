@@ -210,14 +210,14 @@ def cudnn_engine_policy(policy: str | None = None) -> str | None:
     return str(f(policy))
 
 
-def cudnn_conv_choices() -> dict | None:
+def cudnn_conv_choices(reset: bool = False) -> dict | None:
     """What the measured policy chose per convolution shape in this process (``{"policy", "choices": [{"shape",
     "chosen", "legacy_us", "chosen_us", "tried": [[label, us]], "dropped": [why]}]}``), or None when no extension
-    is loaded."""
+    is loaded. ``reset``: forget the choices after reading them (the next calls measure again)."""
     import tvm_ffi
 
     f = tvm_ffi.get_global_func("tvm_interop.cudnn.conv_choices", allow_missing=True)
-    return None if f is None else json.loads(f())
+    return None if f is None else json.loads(f(bool(reset)))
 
 
 def extension_info() -> dict | None:

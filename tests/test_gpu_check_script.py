@@ -622,7 +622,8 @@ def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch
 
     monkeypatch.setattr(gcrun, "Variants", FakeVariants)
     monkeypatch.setattr(native_libs, "cudnn_engine_policy", set_policy)
-    monkeypatch.setattr(native_libs, "cudnn_conv_choices", lambda: {"policy": policy[0], "choices": []})
+    monkeypatch.setattr(native_libs, "cudnn_conv_choices",
+                        lambda reset=False: {"policy": policy[0], "choices": []})
     names = ["plain TVM", "sequential", "sequential + CUDA graph", "ios"]
     entry = {"name": "m+cudnn", "variants": [{"name": n} for n in names]}
     model = {"variants": [{"name": n, "ok": True, "median_ms": 1.0} for n in names]}

@@ -274,6 +274,7 @@ def test_cudnn_engine_policy_is_validated_and_switchable(loaded):
     finally:
         native_libs.cudnn_engine_policy(initial)
     assert native_libs.cudnn_conv_choices() == {"policy": initial, "choices": []}
+    assert native_libs.cudnn_conv_choices(reset=True) == {"policy": initial, "choices": []}
 
 
 # ---- real calls without a GPU ----------------------------------------------------------------------------------

@@ -605,8 +605,10 @@ std::shared_ptr<ConvChoice> MeasureConvChoice(const CudartApi& rt, const CudnnAp
 // JSON has no inf or nan.
 double JsonUs(double us) { return std::isfinite(us) ? us : -1.0; }
 
-// Every choice made in this process, as JSON (for gpu_check's report).
-std::string ConvChoicesJson() {
+// Every choice made in this process, as JSON (for gpu_check's report); `reset` forgets them afterwards, so the
+// next calls measure again and the next report lists one program's shapes only (a call in flight keeps its own
+// choice alive).
+std::string ConvChoicesJson(bool reset) {
   std::lock_guard<std::mutex> lock(ConvAlgoMutex());
   std::ostringstream os;
   os << "{\"policy\": \"" << PolicyName(CurrentPolicy()) << "\", \"choices\": [";
@@ -624,6 +626,7 @@ std::string ConvChoicesJson() {
     first = false;
   }
   os << "]}";
+  if (reset) ConvChoices().clear();
   return os.str();
 }
 

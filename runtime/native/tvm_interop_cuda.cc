@@ -1546,7 +1546,8 @@ void RegisterAll() {
       ffi::Function::FromPacked([](ffi::PackedArgs args, ffi::Any* rv) { *rv = ffi::String(ConvEngines(args)); }),
       kOverride);
   ffi::Function::SetGlobal(
-      kConvChoices, ffi::Function::FromTyped([]() -> ffi::String { return ConvChoicesJson(); }, kConvChoices),
+      kConvChoices,
+      ffi::Function::FromTyped([](bool reset) -> ffi::String { return ConvChoicesJson(reset); }, kConvChoices),
       kOverride);
   ffi::Function::SetGlobal(kInfo, ffi::Function::FromTyped([]() -> ffi::String { return Info(); }, kInfo),
                            kOverride);

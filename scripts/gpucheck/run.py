@@ -451,6 +451,7 @@ def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
 
     variants = Variants(args.dir, entry, manifest["seed"], dev)
+    cudnn_conv_choices(reset=True)   # this model's shapes only in its summary (shared shapes are measured again)
     previous = cudnn_engine_policy("measured")
     records: list[dict] = []
     try:
