@@ -52,25 +52,9 @@ EnginePolicy CurrentPolicy() {
   return static_cast<EnginePolicy>(PolicySlot().load());
 }
 
-bool EnvFlag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
-}
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  long long n = v ? std::atoll(v) : 0;
-  return n > 0 ? n : fallback;
-}
-
-// Largest power of two (at most 16) that divides the address: engines with vectorised loads need 16 bytes, and
+// A graph-API tensor's byte alignment (Alignment, at most 16): engines with vectorised loads need 16 bytes, and
 // the plan must not promise more than the buffers of later calls have (it is part of the choice's key).
-int64_t TensorAlignment(const void* ptr) {
-  const auto v = reinterpret_cast<uintptr_t>(ptr);
-  int64_t a = 16;
-  while (a > 1 && v % static_cast<uintptr_t>(a) != 0) a /= 2;
-  return a;
-}
+int64_t TensorAlignment(const void* ptr) { return Alignment(ptr, 16); }
 
 // One backend descriptor, destroyed with its owner.
 class BackendDesc {
@@ -567,17 +551,14 @@ std::shared_ptr<ConvChoice> MeasureConvChoice(const CudartApi& rt, const CudnnAp
   choice->tried.push_back({"legacy", choice->legacy_us});
 
   std::vector<GraphCandidate> candidates = GraphCandidates(dnn, handle, a, &choice->dropped);
-  int64_t scratch_size = 0;
-  for (const auto& c : candidates) scratch_size = std::max(scratch_size, c.workspace);
-  void* scratch = nullptr;  // a temporary buffer for the timing: only the winner's workspace is kept per stream
-  while (scratch_size > 0 && rt.cudaMalloc(&scratch, static_cast<size_t>(scratch_size)) != cudaSuccess) {
-    rt.cudaGetLastError();
-    scratch = nullptr;
-    scratch_size /= 2;  // out of memory: candidates that need more drop out below
-  }
+  size_t scratch_size = 0;
+  for (const auto& c : candidates) scratch_size = std::max(scratch_size, static_cast<size_t>(c.workspace));
+  // a temporary buffer for the timing (only the winner's workspace is kept per stream); out of memory, it is
+  // smaller and the candidates that need more drop out below
+  void* scratch = AllocateScratch(rt, scratch_size);
   for (const auto& c : candidates) {
     PackCache packs;   // as the chosen plan will run: its pack built once
-    if (c.workspace > scratch_size) {
+    if (static_cast<size_t>(c.workspace) > scratch_size) {
       choice->tried.push_back({c.label, -1});
       continue;
     }

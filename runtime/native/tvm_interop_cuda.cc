@@ -388,6 +388,15 @@ int64_t Numel(const DLTensor* t) {
 
 void* DataPtr(const DLTensor* t) { return static_cast<char*>(t->data) + t->byte_offset; }
 
+// Largest power of two, at most `cap` and at least 4 (a float's own), dividing the address: cuBLASLt picks
+// kernels by pointer alignment (cap 256), a cuDNN graph-API tensor declares it (cap 16).
+uint32_t Alignment(const void* ptr, uint32_t cap = 256) {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t align = cap;
+  while (align > 4 && addr % align != 0) align /= 2;
+  return align;
+}
+
 const char* DeviceTypeName(int32_t type) {
   switch (type) {
     case kDLCPU: return "cpu";
@@ -999,14 +1008,35 @@ std::unique_ptr<ConvPlan> MakeConvPlan(const CudnnApi& dnn, const ConvArgs& a) {
   return p;
 }
 
+// An environment switch: set to "1".
+bool EnvFlag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+// A positive integer from the environment, else `fallback`.
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  long long n = v ? std::atoll(v) : 0;
+  return n > 0 ? n : fallback;
+}
+
 // Upper bound of the workspace any algorithm may use (TVM_INTEROP_CUDNN_WORKSPACE_MB, default 1024 MiB).
 size_t WorkspaceLimit() {
-  static const size_t limit = [] {
-    const char* env = std::getenv("TVM_INTEROP_CUDNN_WORKSPACE_MB");
-    long long mb = env ? std::atoll(env) : 0;
-    return static_cast<size_t>(mb > 0 ? mb : 1024) << 20;
-  }();
+  static const size_t limit = static_cast<size_t>(EnvInt("TVM_INTEROP_CUDNN_WORKSPACE_MB", 1024)) << 20;
   return limit;
+}
+
+// A temporary device buffer of `size` bytes for an algorithm search, halved while the device is out of memory
+// (the candidates needing more then drop out); `size` is set to what was allocated (0: nothing).
+void* AllocateScratch(const CudartApi& rt, size_t& size) {
+  void* buffer = nullptr;
+  while (size > 0 && rt.cudaMalloc(&buffer, size) != cudaSuccess) {
+    rt.cudaGetLastError();
+    buffer = nullptr;
+    size /= 2;
+  }
+  return buffer;
 }
 
 // The best algorithm by measurement (cudnnFindConvolutionForwardAlgorithmEx): runs every algorithm on the real
@@ -1025,12 +1055,7 @@ ConvAlgo FindConvAlgo(const CudartApi& rt, const CudnnApi& dnn, cudnnHandle_t ha
       scratch = std::max(scratch, need);
     }
   }
-  void* buffer = nullptr;
-  while (scratch > 0 && rt.cudaMalloc(&buffer, scratch) != cudaSuccess) {
-    rt.cudaGetLastError();  // out of memory: search with less scratch (big-workspace algorithms drop out)
-    buffer = nullptr;
-    scratch /= 2;
-  }
+  void* buffer = AllocateScratch(rt, scratch);  // out of memory: big-workspace algorithms drop out
   int max_count = 0;
   TVM_INTEROP_CUDNN_CALL(dnn, caller, cudnnGetConvolutionForwardAlgorithmMaxCount, handle, &max_count);
   std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(max_count, 1));
@@ -1300,13 +1325,6 @@ DenseArgs ParseDenseArgs(ffi::PackedArgs args) {
   return a;
 }
 
-// Largest power of two (at most 256) dividing the address: cuBLASLt picks kernels by pointer alignment.
-uint32_t Alignment(const void* ptr) {
-  auto addr = reinterpret_cast<uintptr_t>(ptr);
-  uint32_t align = 256;
-  while (align > 4 && addr % align != 0) align /= 2;
-  return align;
-}
 
 struct DensePlan {
   const CublasLtApi* lt = nullptr;

@@ -7,6 +7,7 @@ checked for CUDA source before anything is loaded (:func:`gpucheck.device.check_
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -430,6 +431,18 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
 ENGINES_SUFFIX = " [measured cuDNN engines]"
 
 
+@contextlib.contextmanager
+def _cudnn_policy(policy: str):
+    """The native extension's cuDNN engine policy set for the block and set back after it, also on an error."""
+    from tvm_interop.runtime.native_libs import cudnn_engine_policy
+
+    previous = cudnn_engine_policy(policy)
+    try:
+        yield
+    finally:
+        cudnn_engine_policy(previous)
+
+
 def _engine_variants(entry: dict, model: dict) -> list[dict]:
     """What the engines pass re-times: the sequential programs (issue 13's target 1 is about them) and the two
     fastest other variants that ran correctly in the legacy pass (its target 2)."""
@@ -448,22 +461,21 @@ def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     shape, the fastest kept), each checked against plain TVM; then the per-shape choices. A pass of its own after
     every model was measured and written: the engine search runs new cuDNN code paths, and a failure here must not
     cost the rest of the run. The policy is set back to what it was."""
-    from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
+    from tvm_interop.runtime.native_libs import cudnn_conv_choices
 
     variants = Variants(args.dir, entry, manifest["seed"], dev)
     cudnn_conv_choices(reset=True)   # this model's shapes only in its summary (shared shapes are measured again)
-    previous = cudnn_engine_policy("measured")
     records: list[dict] = []
     try:
-        _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
-        for var in _engine_variants(entry, model):
-            rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
-            rec["name"] += ENGINES_SUFFIX
-            records.append(rec)
-            _log_variant(entry["name"], rec)
-        choices = cudnn_conv_choices() or {}
+        with _cudnn_policy("measured"):
+            _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
+            for var in _engine_variants(entry, model):
+                rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
+                rec["name"] += ENGINES_SUFFIX
+                records.append(rec)
+                _log_variant(entry["name"], rec)
+            choices = cudnn_conv_choices() or {}
     finally:
-        cudnn_engine_policy(previous)
         variants.close()
     return {"variants": records, **engine_choice_summary(choices)}
 
@@ -473,8 +485,6 @@ def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     program) and of our sequential program with the legacy and with the measured cuDNN engines (a library
     entry). Last in the run, after every timing: the profiler must not touch a measured number."""
     import torch
-
-    from tvm_interop.runtime.native_libs import cudnn_engine_policy
 
     out: dict[str, dict] = {}
     if entry.get("torch_program"):
@@ -488,11 +498,8 @@ def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
         try:
             call = variants.call(sequential)
             out["sequential, legacy cuDNN engines"] = profile_kernels(call, dev.sync)
-            previous = cudnn_engine_policy("measured")
-            try:
+            with _cudnn_policy("measured"):
                 out["sequential, measured cuDNN engines"] = profile_kernels(call, dev.sync)
-            finally:
-                cudnn_engine_policy(previous)
         finally:
             variants.close()
     return out
