@@ -86,19 +86,22 @@ class OffloadReport:
     offloaded: dict[str, LibraryCall] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     chosen_by: dict[str, str] = field(default_factory=dict)   # unit -> why this implementation (auto mode)
+    clock: str | None = None   # auto mode: the cost table's clock the choice compared ("issue" or "device")
 
     def summary(self) -> str:
         libs: dict[str, int] = {}
         for c in self.offloaded.values():
             libs[c.library] = libs.get(c.library, 0) + 1
         parts = [f"{n} {lib}" for lib, n in sorted(libs.items())]
-        return (f"library units: {', '.join(parts) if parts else 'none'}; "
+        by = f" (chosen by {self.clock}-clock times)" if self.clock else ""
+        return (f"library units: {', '.join(parts) if parts else 'none'}{by}; "
                 f"{len(self.refused)} convolution/matmul unit(s) left to TVM")
 
     def to_json(self) -> dict:
         return {"units": self.units, "tf32": self.tf32,
                 "offloaded": {u: c.to_json() for u, c in self.offloaded.items()},
-                "refused": dict(self.refused), "chosen_by": dict(self.chosen_by)}
+                "refused": dict(self.refused), "chosen_by": dict(self.chosen_by),
+                **({"clock": self.clock} if self.clock else {})}
 
 
 # ------------------------------------------------------------------------------------------------ TIR reading
@@ -385,17 +388,17 @@ def is_candidate(func_name: str) -> bool:
 
 # ------------------------------------------------------------------------------------------------ planning
 def plan_offload(program: Program, units: str = "cudnn", tf32: bool = False,
-                 measured: "dict[str, tuple[float, float]] | None" = None) -> OffloadReport:
+                 measured: "dict[str, tuple[float, float]] | None" = None, clock: str | None = None) -> OffloadReport:
     """Decide, unit by unit, TVM kernel or library call.
 
     ``units``: ``"tvm"`` (none offloaded), ``"cudnn"`` (every offloadable unit), ``"auto"`` (per unit, whichever
     ``measured`` says is faster: ``{unit: (tvm_seconds, library_seconds)}`` from a profiling bundle measured on the
     device; a unit without both measurements runs as the library call, which the H100 runs measured faster in
-    aggregate, and the reason says so).
+    aggregate, and the reason says so). ``clock`` names the table clock the times come from, for the report.
     """
     if units not in UNIT_CHOICES:
         raise InteropError(f"unknown units choice {units!r}; use one of {', '.join(UNIT_CHOICES)}")
-    report = OffloadReport(units=units, tf32=bool(tf32))
+    report = OffloadReport(units=units, tf32=bool(tf32), clock=clock if units == "auto" and measured else None)
     if units == "tvm":
         return report
     for name, uc in program.calls.items():
@@ -469,7 +472,8 @@ def ensure_extension() -> dict:
 
 
 def offload(program: Program, units: str = "cudnn", tf32: bool = False,
-            measured: "dict[str, tuple[float, float]] | None" = None) -> tuple[Program, OffloadReport]:
+            measured: "dict[str, tuple[float, float]] | None" = None,
+            clock: str | None = None) -> tuple[Program, OffloadReport]:
     """:func:`plan_offload` then :func:`apply_offload`."""
-    report = plan_offload(program, units=units, tf32=tf32, measured=measured)
+    report = plan_offload(program, units=units, tf32=tf32, measured=measured, clock=clock)
     return apply_offload(program, report), report

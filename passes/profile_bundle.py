@@ -343,6 +343,25 @@ def _export_bundle_library(ex, path: str, arches: list[str] | None, addons: list
     export_library(ex, path, **({"addons": addons} if addons else {}))
 
 
+def _native_addons(target, units: dict, notes: list) -> list:
+    """The native extension's object, linked into a CUDA bundle: library units call it, and the device clock
+    (``runtime.device_clock``: held-stream device times beside ``time_evaluator``'s) needs it. A bundle without
+    library units is still built where the extension cannot be (no CUDA headers): measured, it has the issue
+    clock only, and the note says why."""
+    if target.kind.name != "cuda":
+        return []
+    from .native_build import NativeBuildError
+    from .offload import ensure_extension
+
+    try:
+        return [ensure_extension()["object"]]
+    except NativeBuildError as e:
+        if any("params" in spec for spec in units.values()):
+            raise
+        notes.append(f"no device clock in this bundle (the native extension did not build: {e})")
+        return []
+
+
 def build_profile_bundle(program: Program, target, out_dir: str, options: BundleOptions | None = None,
                          stages: list[dict] | None = None, programs: list[dict] | None = None) -> Bundle:
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
@@ -386,11 +405,7 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
     else:
         ex = tvm.compile(mod, target)
     os.makedirs(out_dir, exist_ok=True)
-    addons = []
-    if any("params" in spec for spec in units.values()):   # library units: link the native extension in
-        from .offload import ensure_extension
-
-        addons = [ensure_extension()["object"]]
+    addons = _native_addons(target, units, notes)
     _export_bundle_library(ex, os.path.join(out_dir, LIBRARY), arches, addons)
     plan = {
         "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "model": graph.name,

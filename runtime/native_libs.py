@@ -48,6 +48,8 @@ EXTENSION_FUNCTIONS = (
     "tvm_interop.cuda.timing_record",
     "tvm_interop.cuda.timing_read",
     "tvm_interop.cuda.timing_free",
+    "tvm_interop.cuda.stream_hold",
+    "tvm_interop.cuda.stream_release",
     "tvm_interop.cudnn.conv2d",
     "tvm_interop.cudnn.set_engine_policy",
     "tvm_interop.cudnn.conv_choices",

@@ -14,6 +14,13 @@ Every stage of the bundle is timed in one batch and the result written as a **co
 Inputs, weights and outputs are random tensors allocated once per tensor of the model. The statistic is the
 median of ``repeat`` measurements (each the mean of ``number`` runs for ``vm``) after ``warmup`` runs. The table
 records the device fingerprint, so a table measured on one device is not mistaken for another's.
+
+Two clocks on a GPU (``vm`` method). ``latency`` is the *issue clock*: ``time_evaluator``'s calls back to back,
+which is the host's pace whenever a stage's host work outlasts its kernels (as in a program run without a CUDA
+graph). ``device_latency`` is the *device clock* (``runtime.device_clock``): the median of
+``DEVICE_REPEAT`` runs of ``number`` calls queued while the stream is held, so they run at the device's pace (as
+in a CUDA graph, where host work is gone); None where the hold could not cover even one call. ``device_clock=False``
+(CLI ``--no-device-clock``) skips it.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from .machine import cpu_identity
 TABLE_FORMAT = "tvm-interop-cost-table"
 TABLE_VERSION = 1
 BUNDLE_FORMAT = "tvm-interop-profile-bundle"
+DEVICE_REPEAT = 5   # device-clock runs per stage (each of ``number`` calls): the median is the stage's device time
 
 
 def stage_key(groups, strategy: str = "concurrent") -> str:
@@ -80,25 +88,29 @@ def _check_cuda_binaries(plan: dict, lib_path: str, dev) -> None:
 
 def measure_bundle(bundle_dir: str, device: str | None = None, method: str | None = None, repeat: int = 20,
                    number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0, limit: int | None = None,
-                   out: str | None = None, progress=None) -> dict:
+                   out: str | None = None, progress=None, device_clock: bool | None = None) -> dict:
     """Time every stage of the bundle; returns (and writes to ``out``) the cost table."""
     plan = load_bundle(bundle_dir)
     return measure_plan(plan, os.path.join(bundle_dir, plan["library"]), device=device, method=method,
                         repeat=repeat, number=number, warmup=warmup, min_repeat_ms=min_repeat_ms,
                         indices=None if not limit else range(min(limit, len(plan["stages"]))), out=out,
-                        progress=progress)
+                        progress=progress, device_clock=device_clock)
 
 
 def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: str | None = None,
                  repeat: int = 20, number: int = 10, warmup: int = 3, min_repeat_ms: float = 0.0,
-                 indices=None, program_indices=None, out: str | None = None, progress=None) -> dict:
+                 indices=None, program_indices=None, out: str | None = None, progress=None,
+                 device_clock: bool | None = None) -> dict:
     """Time the stages ``indices`` (default: all) of a bundle given as its plan (``bundle.json``, read) and the
     path of its library. A device server measures a share of a bundle this way (``runtime.rpc_server``); each
     table row carries its stage ``index`` so shares measured on several devices merge back in order.
 
     Whole programs (``plan["programs"]``, see ``passes.profile_bundle``) are timed too, each as one VM function
     with ``time_evaluator`` whatever the method (a program's latency is its stages back to back, sync included):
-    ``program_indices`` (default: all when ``indices`` is None, else none) -> ``table["programs"]``."""
+    ``program_indices`` (default: all when ``indices`` is None, else none) -> ``table["programs"]``.
+
+    ``device_clock`` (default: on for the ``vm`` method on a GPU): also time every stage and program with the
+    device clock (see the module docstring) -> ``device_latency`` beside ``latency``."""
     import tvm
     from tvm.runtime import vm as rvm
 
@@ -108,6 +120,12 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
         raise InteropError(f"unknown measuring method {method!r}; use 'vm' or 'threads'")
     if method == "threads" and kind != "cpu":
         raise InteropError("the worker-thread method measures CPU kernels only; use --method vm on a GPU")
+    explicit_clock = bool(device_clock)
+    if device_clock is None:
+        device_clock = kind == "cuda" and method == "vm"
+    if device_clock and not (kind == "cuda" and method == "vm"):
+        raise InteropError("the device clock times GPU streams: it needs --device cuda and the vm method "
+                           f"(this is {kind!r} with {method!r})")
     dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
     if kind == "cuda":
         _check_cuda_binaries(plan, lib_path, dev)
@@ -143,23 +161,44 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
     t_start = time.perf_counter()
     results = []
     program_results = []
-    vm = streams = None
+    device_results: dict[str, list] = {"stages": [], "programs": []}
+    vm = streams = clock = clock_skipped = None
 
-    def vm_time(fn_name: str, tensor_ids) -> float:
-        nonlocal vm, streams
+    def vm_time(fn_name: str, tensor_ids, kind_of: str) -> float:
+        nonlocal vm, streams, clock, clock_skipped
         if vm is None:
             vm = rvm.VirtualMachine(lib, dev)
             streams = vm[plan.get("streams_function", STREAMS_FUNC)]()
+            if device_clock:
+                from .device_clock import DeviceClock
+
+                try:
+                    clock = DeviceClock(dev)
+                except InteropError as e:
+                    if explicit_clock:
+                        raise
+                    clock_skipped = str(e)
         args = [tensor(t) for t in tensor_ids]
         for _ in range(max(1, warmup)):
             vm[fn_name](*args, streams)
         dev.sync()
         timer = vm.time_evaluator(fn_name, dev, number=number, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
-        return float(np.median(np.asarray(timer(*args, streams).results)))
+        lat = float(np.median(np.asarray(timer(*args, streams).results)))
+        if clock is not None:
+            fn = vm[fn_name]
+            runs, calls = [], number
+            for _ in range(DEVICE_REPEAT):
+                t = clock.time(lambda: fn(*args, streams), calls)
+                if t is None:
+                    break   # not even one call fits a hold: the next run would not either
+                runs.append(t)
+                calls = clock.last_calls   # once `number` calls outlasted a hold, one call per run from then on
+            device_results[kind_of].append(float(np.median(runs)) if runs else None)
+        return lat
 
     if method == "vm":
         for i, st in enumerate(stages):
-            lat = vm_time(st["function"], st["tensors"])
+            lat = vm_time(st["function"], st["tensors"], "stages")
             results.append(lat)
             if progress:
                 progress(i + 1, len(stages), lat)
@@ -185,13 +224,15 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
         finally:
             timer.close()
     for k in p_order:
-        program_results.append(vm_time(all_programs[k]["function"], all_programs[k]["tensors"]))
+        program_results.append(vm_time(all_programs[k]["function"], all_programs[k]["tensors"], "programs"))
     if vm is not None:
         try:
             dev.sync()
             vm["__tvm_interop_free_streams"](streams)
         except Exception:  # noqa: BLE001 - best effort
             pass
+    if clock is not None:
+        clock.close()
     table = {
         "format": TABLE_FORMAT, "version": TABLE_VERSION, "model": plan.get("model"),
         "graph_fingerprint": plan.get("graph_fingerprint"), "target": plan.get("target"), "device_kind": kind,
@@ -203,11 +244,23 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
         "programs": [{"index": k, "name": all_programs[k]["name"], "stages": len(all_programs[k]["stages"]),
                       "latency": lat} for k, lat in zip(p_order, program_results)],
     }
-    for index, st, lat in zip(order, stages, results):
+    if clock_skipped:
+        table["device_clock"] = {"skipped": clock_skipped}
+    if clock is not None:
+        table["device_clock"] = {
+            "method": f"stream held while {number} calls are queued, CUDA events around them",
+            "statistic": f"median of {DEVICE_REPEAT} runs", "held": clock.held, "not_held": clock.not_held,
+            "stages_without": sum(d is None for d in device_results["stages"]),
+            "programs_without": sum(d is None for d in device_results["programs"])}
+        for row, d in zip(table["programs"], device_results["programs"]):
+            row["device_latency"] = d
+    for n, (index, st, lat) in enumerate(zip(order, stages, results)):
         groups = st["groups"]
         strategy = st.get("strategy", "concurrent")
         table["stages"].append({"index": index, "key": stage_key(groups, strategy), "groups": groups, "latency": lat,
                                 "sources": st.get("sources", []), "strategy": strategy})
+        if clock is not None:
+            table["stages"][-1]["device_latency"] = device_results["stages"][n]
         if strategy == "concurrent" and len(groups) == 1 and len(groups[0]) == 1:
             table["units"][groups[0][0]] = lat
     table["seconds"] = time.perf_counter() - t_start
@@ -229,6 +282,8 @@ def main(argv=None) -> int:
     p.add_argument("--number", type=int, default=10, help="runs per measurement (vm method)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--limit", type=int, default=None, help="measure only the first N stages")
+    p.add_argument("--no-device-clock", action="store_true",
+                   help="on a GPU, time with the issue clock only (no held-stream device times)")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     out = args.output or os.path.join(args.bundle, "costs.json")
@@ -239,7 +294,8 @@ def main(argv=None) -> int:
 
     try:
         table = measure_bundle(args.bundle, device=args.device, method=args.method, repeat=args.repeat,
-                               number=args.number, warmup=args.warmup, limit=args.limit, out=out, progress=progress)
+                               number=args.number, warmup=args.warmup, limit=args.limit, out=out, progress=progress,
+                               device_clock=False if args.no_device_clock else None)
     except InteropError as e:
         print(f"profile_bundle: error: {e}", file=sys.stderr)
         return 1

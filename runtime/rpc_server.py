@@ -136,7 +136,8 @@ def register_functions(device_kind: str) -> None:
         table = measure_plan(plan, s.path(lib_file), device=opts.get("device", device_kind),
                              method=opts.get("method"), repeat=int(opts.get("repeat", 20)),
                              number=int(opts.get("number", 10)), warmup=int(opts.get("warmup", 3)),
-                             indices=opts.get("indices"), program_indices=opts.get("program_indices"))
+                             indices=opts.get("indices"), program_indices=opts.get("program_indices"),
+                             device_clock=opts.get("device_clock"))
         return json.dumps(table)
 
     @reg("time_kernel")

@@ -275,8 +275,18 @@ def test_cuda_bundle_builds_and_refuses_to_measure_without_gpu(tmp_path, branchy
     program = tvm_interop.api.prepare_program(branchy_model, normalize_target("cuda"), name="branchy")
     b = build_profile_bundle(program, "cuda", str(tmp_path), BundleOptions(ios=False))
     assert b.plan["device"] == "cuda" and b.plan["target"] == "cuda -arch=sm_90"
+    # the device clock's functions ship in the bundle (the native extension is linked in), or a note says why not
+    if any("no device clock" in n for n in b.build_notes):
+        from tvm_interop.passes import native_build
+
+        with pytest.raises(native_build.NativeBuildError):
+            native_build.build_extension()
+    else:
+        assert b"tvm_interop.cuda.stream_hold" in open(os.path.join(tmp_path, b.plan["library"]), "rb").read()
     with pytest.raises(DeviceError, match="no CUDA device"):
         measure_bundle(str(tmp_path))
+    with pytest.raises(DeviceError, match="no CUDA device"):
+        measure_bundle(str(tmp_path), device_clock=True)
 
 
 # ---------------------------------------------------------------------------------------------- GPU check script

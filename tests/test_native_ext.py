@@ -255,6 +255,21 @@ def test_timing_events_refuse_bad_calls(loaded):
             _fn(f"tvm_interop.cuda.{name}")(*args)
 
 
+def test_stream_holds_refuse_bad_calls(loaded):
+    """A hold's arguments are checked before any library is loaded, and a handle that is not a live hold (never
+    made, or released already) is refused by name: it is looked up, never dereferenced."""
+    hold, release = _fn("tvm_interop.cuda.stream_hold"), _fn("tvm_interop.cuda.stream_release")
+    with pytest.raises(ValueError, match="timeout_ms must be in"):
+        hold(0, None, 0)
+    with pytest.raises(ValueError, match="device_id must be >= 0"):
+        hold(-1, None, 100)
+    with pytest.raises(TypeError, match="stream must be a stream handle"):
+        hold(0, "stream", 100)
+    for handle in (0, 12345, 1 << 40):
+        with pytest.raises(ValueError, match="is not a held stream .* or it was already released"):
+            release(handle)
+
+
 def test_cudnn_engine_policy_is_validated_and_switchable(loaded):
     """The cuDNN engine policy (``legacy`` by default; ``measured``: graph-API engines and the legacy path timed
     per convolution shape): set and read back, process-wide; anything else refused naming both, by the Python
@@ -315,6 +330,7 @@ _CALLS = textwrap.dedent('''
     calls = {
         "events_create": ("tvm_interop.cuda.events_create", (0, 4)),
         "timing_create": ("tvm_interop.cuda.timing_create", (0, 4)),
+        "stream_hold": ("tvm_interop.cuda.stream_hold", (0, None, 100)),
         "conv2d": ("tvm_interop.cudnn.conv2d", ([1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0], cuda_tensor(1, 3, 8, 8),
                                                 cuda_tensor(4, 3, 3, 3), cuda_tensor(4), cuda_tensor(1, 4, 8, 8))),
         "dense": ("tvm_interop.cublas.dense", ([0, 0, 1, 0], cuda_tensor(2, 4), cuda_tensor(3, 4),
@@ -389,6 +405,8 @@ def test_calls_without_gpu_fail_clearly(ext, tmp_path, preload):
     assert device in out["events_create"] or "libcudart.so.13" in out["events_create"], out
     assert out["timing_create"].startswith("RuntimeError: tvm_interop.cuda.timing_create: ")
     assert device in out["timing_create"] or "libcudart.so.13" in out["timing_create"], out
+    assert out["stream_hold"].startswith("RuntimeError: tvm_interop.cuda.stream_hold: ")
+    assert device in out["stream_hold"] or "libcudart.so.13" in out["stream_hold"], out
     conv, dense = out["conv2d"], out["dense"]
     assert conv.startswith("RuntimeError: tvm_interop.cudnn.conv2d: "), conv
     assert dense.startswith("RuntimeError: tvm_interop.cublas.dense: "), dense

@@ -292,23 +292,37 @@ def test_library_stages_in_a_bundle_and_auto_by_the_table(tmp_path):
 
     names = sorted(offloadable)
     faster_in_tvm = set(names[::3])            # stand-in: every third unit's TVM kernel is the faster one
+    # The stand-in table has both clocks, like a GPU table: on the issue clock every library call sits at a
+    # host-bound 40 us (slower than every TVM kernel), on the device clock the pattern above. A compile that builds
+    # a CUDA graph (the default) must choose by the device clock; one without a graph by the issue clock.
+    unit_rows = [{"key": stage_key([[u.name]]), "groups": [[u.name]], "strategy": "concurrent", "latency": 20e-6,
+                  "device_latency": 18e-6} for u in program.graph.units]
     table = {"format": "tvm-interop-cost-table", "version": 1, "model": plan["model"],
              "graph_fingerprint": plan["graph_fingerprint"], "target": plan["target"], "device_kind": "cuda",
              "device": "cuda:stand-in:sm_90", "tvm_version": __import__("tvm").__version__,
              "units": {u.name: 20e-6 for u in program.graph.units},
-             "stages": [{"key": stage_key(st["groups"], "library"), "groups": st["groups"], "strategy": "library",
-                         "latency": 30e-6 if st["groups"][0][0] in faster_in_tvm else 10e-6} for st in lib_stages]}
+             "device_clock": {"held": 1, "not_held": 0, "stages_without": 0, "programs_without": 0},
+             "stages": unit_rows + [
+                 {"key": stage_key(st["groups"], "library"), "groups": st["groups"], "strategy": "library",
+                  "latency": 40e-6, "device_latency": 30e-6 if st["groups"][0][0] in faster_in_tvm else 10e-6}
+                 for st in lib_stages]}
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(table))
     cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="lios", units="auto", cost=f"table:{path}",
                              **small_config("squeezenet"))
     assert set(cm.offload.offloaded) == set(names) - faster_in_tvm
     assert all("TVM kernel measured faster" in cm.offload.refused[u] for u in faster_in_tvm)
-    model = TableCostModel(str(path))
+    assert cm.offload.clock == "device" and "chosen by device-clock times" in cm.offload.summary()
+    model = TableCostModel(str(path), clock="device")
     lib_unit = next(u for u in cm.program.graph.units if u.attrs.get("library"))
     tvm_unit = next(u for u in cm.program.graph.units if u.name in faster_in_tvm)
     assert model.unit_latency(lib_unit) == pytest.approx(10e-6)
-    assert model.unit_latency(tvm_unit) == pytest.approx(20e-6)
+    assert model.unit_latency(tvm_unit) == pytest.approx(18e-6)
+    issue = TableCostModel(str(path))            # the issue clock: what a direct program pays
+    assert issue.unit_latency(lib_unit) == pytest.approx(40e-6) and issue.unit_latency(tvm_unit) == pytest.approx(20e-6)
+    times, clock = tvm_interop.api._implementation_times(f"table:{path}")
+    direct = plan_offload(program, "auto", measured=times, clock=clock)
+    assert clock == "issue" and not direct.offloaded   # host-bound library calls lose every unit without a graph
 
 
 def test_cli_compile_with_library_units_and_reused_events(capsys):

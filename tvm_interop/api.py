@@ -248,6 +248,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     device_kind = _target_device_kind(target)
     if cuda_graph is None:
         cuda_graph = device_kind == "cuda"
+    from tvm_interop.passes.cost.table import spec_for_build
+
+    cost = spec_for_build(cost, cuda_graph)   # a CUDA graph runs at the device's pace: a table's device clock
     timings["load"] = time.perf_counter() - t0
     if schedule is not None and not isinstance(schedule, Schedule):
         schedule = Schedule.load(schedule)
@@ -269,8 +272,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             timings["tuning_db"] = timings.get("tuning_db", 0.0) + time.perf_counter() - t_db
         if units != "tvm":   # library units: cuDNN / cuBLAS calls in place of the TVM kernels they equal
             nonlocal offload_report
-            times = _implementation_times(cost) if units == "auto" else None
-            p, offload_report = offload(p, units=units, tf32=tf32, measured=times)
+            times, clock = _implementation_times(cost) if units == "auto" else (None, None)
+            p, offload_report = offload(p, units=units, tf32=tf32, measured=times, clock=clock)
             log.info("%s", offload_report.summary())
         return p
 
@@ -430,15 +433,15 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
                          built_schedule=built["schedule"], offload=offload_report)
 
 
-def _implementation_times(cost) -> dict | None:
+def _implementation_times(cost) -> tuple[dict | None, str | None]:
     """Per unit ``(TVM kernel, library call)`` seconds measured on the device, from a cost table made with
-    ``profile-bundle --library-units`` (what ``units="auto"`` chooses by); None without one."""
+    ``profile-bundle --library-units`` (what ``units="auto"`` chooses by), and the table's clock; Nones without."""
     if isinstance(cost, str) and cost.startswith("table:"):
         from tvm_interop.passes.cost import get_cost_model
 
         cost = get_cost_model(cost)
     times = getattr(cost, "implementation_times", None)
-    return times() if callable(times) else None
+    return (times(), getattr(cost, "clock", None)) if callable(times) else (None, None)
 
 
 FUSIONS = (None, "none", "wave")

@@ -61,11 +61,16 @@ def merge_in_context(table: Mapping, timed: Iterable[Mapping], source: str = "",
     isolated = {st["key"]: float(st["latency"]) for st in table.get("stages", []) if "key" in st}
     ratios = [statistics.median(lat) / isolated[k] for k, lat in seen.items() if isolated.get(k, 0.0) > 0.0]
     scale = statistics.median(ratios) if scale_unseen and ratios else 1.0
-    out = {k: v for k, v in table.items() if k != "stages"}
+    out = {k: v for k, v in table.items() if k not in ("stages", "device_clock")}
+    if "device_clock" in table:
+        # in-context times come from direct programs (the issue clock's world): the isolated device-clock times
+        # beside them would price the same stages on another clock, so the merged table has the issue clock only
+        out["device_clock"] = {"skipped": "in-context stage times are from direct programs; device times dropped"}
     out["units"] = {u: float(v) * scale for u, v in table.get("units", {}).items()}
     stages_out = []
     for st in table.get("stages", []):
         st = dict(st)
+        st.pop("device_latency", None)
         if st.get("key") in seen:
             lat = seen.pop(st["key"])
             st.update(isolated_latency=st["latency"], latency=statistics.median(lat),

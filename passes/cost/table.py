@@ -10,8 +10,14 @@ not in it (a search asked for something the bundle did not build) is handled by 
 
 A unit missing from the table is answered by the fallback model, or an error (``"error"`` and ``"units"`` have
 nothing to compose it from). Spec forms: ``table:costs.json``, ``table:costs.json;fallback=error``,
-``table:costs.json;fallback=sim:h100``. A table made for another model (graph fingerprint) is refused by
-:meth:`TableCostModel.check_graph`.
+``table:costs.json;fallback=sim:h100``, ``table:costs.json;clock=device``. A table made for another model (graph
+fingerprint) is refused by :meth:`TableCostModel.check_graph`.
+
+``clock``: which of a GPU table's two times prices a stage (``runtime.profile_bundle``): ``issue`` (``latency``,
+calls back to back: the host's pace where a stage's host work outlasts its kernels, as in a direct program) or
+``device`` (``device_latency``, calls queued behind a held stream: the device's pace, as in a CUDA graph, where
+host work is gone). A compile that builds a CUDA graph takes ``device`` when the table has it
+(:func:`spec_for_build`). A row the device clock could not time keeps its issue time and is counted.
 """
 from __future__ import annotations
 
@@ -29,24 +35,58 @@ from .base import CostModel
 log = logging.getLogger(__name__)
 
 TABLE_FORMAT = "tvm-interop-cost-table"
+CLOCKS = ("issue", "device")
 
 
 def _key(groups: Sequence[Sequence[str]], strategy: str = "concurrent") -> str:
     return stage_key(groups, strategy)
 
 
+def has_device_clock(table: dict) -> bool:
+    """Whether a cost table was measured with the device clock too (a GPU table from this version on)."""
+    clock = table.get("device_clock")
+    return isinstance(clock, dict) and "skipped" not in clock
+
+
+def _read_table(path: str) -> dict:
+    table = read_json(path, f"cost table {path}")
+    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
+        raise InteropError(f"{path} is not a tvm-interop cost table (run python -m tvm_interop.runtime.profile_bundle)")
+    return table
+
+
 class TableCostModel(CostModel):
-    def __init__(self, path: str, fallback: str = "units"):
-        table = read_json(path, f"cost table {path}")
-        if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
-            raise InteropError(f"{path} is not a tvm-interop cost table (run python -m tvm_interop.runtime.profile_bundle)")
+    def __init__(self, path: str, fallback: str = "units", clock: str = "issue"):
+        table = _read_table(path)
+        if clock not in CLOCKS:
+            raise InteropError(f"unknown cost table clock {clock!r}; use one of {', '.join(CLOCKS)}")
+        if clock == "device" and not has_device_clock(table):
+            why = (table.get("device_clock") or {}).get("skipped", "it was measured with the issue clock only")
+            raise InteropError(f"cost table {path} has no device-clock times ({why}); measure the bundle on the GPU "
+                               "with this tvm-interop (without --no-device-clock), or use clock=issue")
         self.path = path
         self.table = table
-        self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
-        self.stages = {st["key"]: float(st["latency"]) for st in table.get("stages", [])}
+        self.clock = clock
+        self.clock_fallbacks = 0   # rows the device clock could not time: priced at their issue time
+
+        def latency(row: dict) -> float:
+            if clock == "device":
+                d = row.get("device_latency")
+                if d is not None:
+                    return float(d)
+                self.clock_fallbacks += 1
+            return float(row["latency"])
+
+        rows = table.get("stages", [])
+        if clock == "issue":
+            self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
+        else:   # a unit's own row: its concurrent one-unit stage
+            self.units = {st["groups"][0][0]: latency(st) for st in rows
+                          if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
+                          and len(st["groups"][0]) == 1}
+        self.stages = {st["key"]: latency(st) for st in rows}
         # a unit's cuDNN / cuBLAS call timed alone (``profile-bundle --library-units``): stage "library:<unit>"
-        self.library = {st["groups"][0][0]: float(st["latency"]) for st in table.get("stages", [])
-                        if st.get("strategy") == "library"}
+        self.library = {st["groups"][0][0]: latency(st) for st in rows if st.get("strategy") == "library"}
         self.fallback_spec = fallback
         self._fallback_model: CostModel | None = None
         if fallback not in ("units", "error"):
@@ -56,7 +96,7 @@ class TableCostModel(CostModel):
         self.hits = 0
         self.misses = 0
         self._warned = False
-        self.name = f"table:{table.get('device', '?')}"
+        self.name = f"table:{table.get('device', '?')}" + (":device-clock" if clock == "device" else "")
 
     @property
     def device_fingerprint(self) -> str:
@@ -88,11 +128,16 @@ class TableCostModel(CostModel):
             raise InteropError(f"cost table {self.path} was measured for {theirs!r}, not for {target_text!r}")
 
     def composed_report(self) -> str | None:
-        """How many stage costs were not in the table and were composed by the fallback (None: all were in it)."""
-        if not self.misses:
-            return None
-        return (f"{self.misses} of {self.hits + self.misses} stage costs the search asked for were not in the cost "
-                f"table {self.path} and were composed by the {self.fallback_spec!r} fallback")
+        """How many stage costs were not in the table and were composed by the fallback, and how many rows the
+        device clock could not time (None: neither happened)."""
+        parts = []
+        if self.misses:
+            parts.append(f"{self.misses} of {self.hits + self.misses} stage costs the search asked for were not in "
+                         f"the cost table {self.path} and were composed by the {self.fallback_spec!r} fallback")
+        if self.clock_fallbacks:
+            parts.append(f"{self.clock_fallbacks} rows of {self.path} have no device-clock time and are priced at "
+                         "their issue-clock time")
+        return "; ".join(parts) or None
 
     def implementation_times(self) -> dict[str, tuple[float | None, float | None]]:
         """``{unit: (TVM kernel seconds, library call seconds)}`` for every unit with a library measurement: what
@@ -146,20 +191,40 @@ class TableCostModel(CostModel):
 
     def stats(self) -> dict:
         return {"table": self.path, "hits": self.hits, "misses": self.misses, "fallback": self.fallback_spec,
-                "composed_from_fallback": self.misses}
+                "composed_from_fallback": self.misses, "clock": self.clock, "clock_fallbacks": self.clock_fallbacks}
 
 
 def _factory(arg: str | None = None, **kwargs) -> TableCostModel:
     if not arg:
         raise InteropError("the table cost model needs a file: cost='table:costs.json'")
+    path, options = _parse(arg)
+    return TableCostModel(path, fallback=options.get("fallback", kwargs.pop("fallback", "units")),
+                          clock=options.get("clock", kwargs.pop("clock", "issue")))
+
+
+def _parse(arg: str) -> tuple[str, dict[str, str]]:
+    """``FILE;k=v;...`` -> (FILE, {k: v}); only the options this model knows."""
     path, _, opts = arg.partition(";")
-    fallback = kwargs.pop("fallback", "units")
+    options: dict[str, str] = {}
     for part in filter(None, opts.split(";")):
         k, _, v = part.partition("=")
-        if k.strip() != "fallback" or not v:
-            raise InteropError(f"unknown cost table option {part!r}; use table:FILE;fallback=units|error|<cost spec>")
-        fallback = v.strip()
-    return TableCostModel(path, fallback=fallback)
+        if k.strip() not in ("fallback", "clock") or not v:
+            raise InteropError(f"unknown cost table option {part!r}; use table:FILE;fallback=units|error|<cost spec>"
+                               f";clock={'|'.join(CLOCKS)}")
+        options[k.strip()] = v.strip()
+    return path, options
+
+
+def spec_for_build(spec, cuda_graph: bool):
+    """The table spec a build prices with: a build with a CUDA graph runs at the device's pace, so a table that
+    has device-clock times is read with ``clock=device`` unless the spec names a clock. Anything else unchanged."""
+    if not (isinstance(spec, str) and spec.startswith("table:")) or not cuda_graph:
+        return spec
+    path, options = _parse(spec[len("table:"):])
+    if "clock" in options or not has_device_clock(_read_table(path)):
+        return spec
+    log.info("cost table %s: the build has a CUDA graph, so stages are priced at their device-clock times", path)
+    return spec + ";clock=device"
 
 
 registry.register("table", _factory)

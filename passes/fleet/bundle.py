@@ -59,11 +59,14 @@ def chunk_indices(n: int, devices: int, chunk: int | None = None) -> list[list[i
 
 def measure_bundle_on_fleet(bundle_dir: str, fleet: Fleet, *, method: str | None = None, device: str | None = None,
                             repeat: int = 20, number: int = 10, warmup: int = 3, chunk: int | None = None,
-                            limit: int | None = None, out: str | None = None) -> dict:
+                            limit: int | None = None, out: str | None = None,
+                            device_clock: bool | None = None) -> dict:
     """Measure the bundle's stages on ``fleet`` (started here if needed); returns (and writes to ``out``) the
-    cost table."""
+    cost table. ``device_clock``: as ``runtime.profile_bundle.measure_plan`` (None: each device's default)."""
     t0 = time.perf_counter()
     options = {"repeat": repeat, "number": number, "warmup": warmup}
+    if device_clock is not None:
+        options["device_clock"] = bool(device_clock)
     if method:
         options["method"] = method
     if device:
@@ -92,11 +95,33 @@ def merge_tables(parts: list[dict]) -> dict:
     prints = {p["device"] for p in parts}
     if len(prints) > 1:   # the fleet refuses foreign devices; this is the last line of defence
         raise FleetError(f"chunks measured on different devices: {sorted(prints)}")
-    table = {k: v for k, v in parts[0].items() if k not in ("stages", "units", "seconds", "measured_by")}
+    table = {k: v for k, v in parts[0].items()
+             if k not in ("stages", "units", "seconds", "measured_by", "device_clock")}
     rows = sorted((row for p in parts for row in p["stages"]), key=lambda r: r["index"])
     table["stages"] = rows
+    # a unit's own row is its concurrent one-unit stage; its library call ("library" strategy) is another row
     table["units"] = {r["groups"][0][0]: r["latency"] for r in rows
-                      if len(r["groups"]) == 1 and len(r["groups"][0]) == 1}
+                      if r.get("strategy", "concurrent") == "concurrent" and len(r["groups"]) == 1
+                      and len(r["groups"][0]) == 1}
     table["programs"] = sorted((row for p in parts for row in p.get("programs", [])), key=lambda r: r["index"])
-    assert all(r["key"] == stage_key(r["groups"]) for r in rows)
+    assert all(r["key"] == stage_key(r["groups"], r.get("strategy", "concurrent")) for r in rows)
+    clocks = [p["device_clock"] for p in parts if "device_clock" in p]
+    if clocks:
+        table["device_clock"] = _merge_clock_summaries(clocks)
     return table
+
+
+def _merge_clock_summaries(clocks: list[dict]) -> dict:
+    """The device-clock summary of a merged table: counts add up; a chunk whose device skipped the clock is kept
+    as the reason (its rows have no device times)."""
+    timed = [c for c in clocks if "skipped" not in c]
+    if not timed:
+        return dict(clocks[0])
+    merged = {k: v for k, v in timed[0].items() if not isinstance(v, int)}
+    for k in ("held", "not_held", "stages_without", "programs_without"):
+        merged[k] = sum(int(c.get(k, 0)) for c in timed)
+    skipped = [c["skipped"] for c in clocks if "skipped" in c]
+    if skipped:
+        merged["chunks_skipped"] = len(skipped)   # their rows have no device times
+        merged["chunks_skipped_because"] = skipped[0]
+    return merged

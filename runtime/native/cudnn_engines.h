@@ -426,22 +426,6 @@ std::string ConvShapeText(const ConvArgs& a) {
   return os.str();
 }
 
-// Holds a stream at a host function until the host has queued the calls to time (or 200 ms have passed): the
-// calls then run back to back, so their events measure device time, not the host's issue rate. Without it a
-// short convolution would be timed at the legacy API's ~40 us of host work per call (measured on the H100 run of
-// 2026-11-26) and lose to any engine with less host work, also in a CUDA graph, where host work costs nothing.
-// The timeout keeps a call that synchronises internally from waiting on the gate for ever.
-struct StreamGate {
-  std::atomic<bool> open{false};
-  static void CUDART_CB Wait(void* self) {
-    auto* gate = static_cast<StreamGate*>(self);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    while (!gate->open.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
-    }
-  }
-};
-
 // Device time of `fn` on `stream`, in microseconds per call (one untimed call first), or -1 when a call fails.
 template <typename Fn>
 double TimeCalls(const CudartApi& rt, cudaStream_t stream, int calls, Fn&& fn) {
@@ -452,7 +436,7 @@ double TimeCalls(const CudartApi& rt, cudaStream_t stream, int calls, Fn&& fn) {
     if (start) rt.cudaEventDestroy(start);
     return -1;
   }
-  StreamGate gate;
+  StreamGate gate{std::chrono::milliseconds(200)};
   // Also when `fn` throws (the legacy path raises cuDNN's errors): open the gate, then wait for an event queued
   // behind the host function, so it has returned before `gate` goes out of scope; then free the events.
   struct Release {

@@ -10,6 +10,8 @@
 //   tvm_interop.cuda.timing_record(handle, k, stream)          record timing event k on stream
 //   tvm_interop.cuda.timing_read(handle, n) -> [ms]            elapsed time between events k-1 and k, k = 1..n-1
 //   tvm_interop.cuda.timing_free(handle)
+//   tvm_interop.cuda.stream_hold(device_id, stream, timeout_ms) -> handle   hold a stream until released
+//   tvm_interop.cuda.stream_release(handle) -> held            release, synchronise; false if the hold timed out
 //   tvm_interop.cudnn.conv2d(params, x, w, [bias], [z], out)   out = act(conv(x, w) + bias + z)
 //   tvm_interop.cublas.dense(params, x, w, [bias], out)        out = act(x . w(^T) + bias)
 //   tvm_interop.native.info() -> str                           JSON: version, functions, libraries
@@ -76,6 +78,8 @@ constexpr const char* kTimingCreate = "tvm_interop.cuda.timing_create";
 constexpr const char* kTimingRecord = "tvm_interop.cuda.timing_record";
 constexpr const char* kTimingRead = "tvm_interop.cuda.timing_read";
 constexpr const char* kTimingFree = "tvm_interop.cuda.timing_free";
+constexpr const char* kStreamHold = "tvm_interop.cuda.stream_hold";
+constexpr const char* kStreamRelease = "tvm_interop.cuda.stream_release";
 constexpr const char* kConv2d = "tvm_interop.cudnn.conv2d";
 constexpr const char* kSetEnginePolicy = "tvm_interop.cudnn.set_engine_policy";
 constexpr const char* kConvChoices = "tvm_interop.cudnn.conv_choices";
@@ -83,9 +87,10 @@ constexpr const char* kConvEngines = "tvm_interop.cudnn.conv_engines";
 constexpr const char* kDense = "tvm_interop.cublas.dense";
 constexpr const char* kInfo = "tvm_interop.native.info";
 constexpr const char* kCallStats = "tvm_interop.native.call_stats";
-constexpr std::array<const char*, 14> kFunctionNames = {
-    kEventsCreate, kEventsFree,      kEventSync,   kTimingCreate, kTimingRecord, kTimingRead, kTimingFree,
-    kConv2d,       kSetEnginePolicy, kConvChoices, kConvEngines,  kDense,        kInfo,       kCallStats};
+constexpr std::array<const char*, 16> kFunctionNames = {
+    kEventsCreate, kEventsFree,   kEventSync,       kTimingCreate, kTimingRecord, kTimingRead,
+    kTimingFree,   kStreamHold,   kStreamRelease,   kConv2d,       kSetEnginePolicy, kConvChoices,
+    kConvEngines,  kDense,        kInfo,            kCallStats};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lazily loaded CUDA libraries.
@@ -109,6 +114,7 @@ constexpr std::array<const char*, 14> kFunctionNames = {
   X(cudaEventElapsedTime)            \
   X(cudaLaunchHostFunc)              \
   X(cudaStreamWaitEvent)             \
+  X(cudaStreamSynchronize)           \
   X(cudaStreamIsCapturing)           \
   X(cudaThreadExchangeStreamCaptureMode) \
   X(cudaMalloc)                      \
@@ -785,6 +791,104 @@ ffi::Array<double> TimingRead(int64_t handle, int64_t n) {
 }
 
 void TimingFree(int64_t handle) { FreePool(TimingPoolFromHandle(handle, kTimingFree), kTimingFree); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Held streams: device time, not the host's issue rate.
+// ---------------------------------------------------------------------------------------------------------------
+
+// Why: timing N calls back to back with events (TVM's time_evaluator) measures device time only when the device
+// is the bottleneck. A call with tens of microseconds of host work (a legacy cuDNN call: ~40 us, measured on the
+// H100 run of 2026-11-26) keeps the device waiting between kernels, so its short convolutions were timed at the
+// host's issue rate. In a CUDA graph that host work is gone: a unit table that drives graph programs needs the
+// device time. A held stream waits at a host function until the host has queued every call to time (or the
+// timeout passed), so the calls then run back to back and events around them measure the device alone. The
+// timeout keeps a call that synchronises internally (or a caller that never releases) from waiting for ever;
+// whether it fired is reported, so a time that was not held is never taken for a device time.
+struct StreamGate {
+  explicit StreamGate(std::chrono::milliseconds t) : timeout(t) {}
+  const std::chrono::milliseconds timeout;
+  std::atomic<bool> open{false};
+  std::atomic<bool> timed_out{false};
+  static void CUDART_CB Wait(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    const auto until = std::chrono::steady_clock::now() + gate->timeout;
+    while (!gate->open.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        gate->timed_out.store(true, std::memory_order_release);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+};
+
+// A hold handed to Python: the gate, and where it waits. Live holds are kept in a set, so a handle that is not
+// one (or was already released) is refused by name instead of being dereferenced.
+struct StreamHold {
+  StreamHold(int32_t d, cudaStream_t s, std::chrono::milliseconds t) : device(d), stream(s), gate(t) {}
+  int32_t device;
+  cudaStream_t stream;
+  StreamGate gate;
+};
+
+std::mutex& HoldsMutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::set<StreamHold*>& LiveHolds() {
+  static std::set<StreamHold*> holds;
+  return holds;
+}
+
+int64_t StreamHoldCreate(int64_t device_id, ffi::AnyView stream, int64_t timeout_ms) {
+  const char* caller = kStreamHold;
+  if (device_id < 0) TVM_FFI_THROW(ValueError) << caller << ": device_id must be >= 0, got " << device_id;
+  if (timeout_ms < 1 || timeout_ms > 60000) {
+    TVM_FFI_THROW(ValueError) << caller << ": timeout_ms must be in [1, 60000], got " << timeout_ms;
+  }
+  const cudaStream_t s = StreamArg(stream, caller, "stream");
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, static_cast<int>(device_id), caller);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TVM_INTEROP_CUDA_CALL(rt, caller, cudaStreamIsCapturing, s, &status);
+  if (status != cudaStreamCaptureStatusNone) {
+    // a host function in a captured graph would hold every replay of the graph, not this measurement
+    TVM_FFI_THROW(RuntimeError) << caller << ": a stream cannot be held inside a CUDA-graph capture";
+  }
+  auto hold = std::make_unique<StreamHold>(static_cast<int32_t>(device_id), s, std::chrono::milliseconds(timeout_ms));
+  TVM_INTEROP_CUDA_CALL(rt, caller, cudaLaunchHostFunc, s, &StreamGate::Wait, &hold->gate);
+  std::lock_guard<std::mutex> lock(HoldsMutex());
+  StreamHold* raw = hold.release();
+  LiveHolds().insert(raw);
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(raw));
+}
+
+// Opens the gate and waits for the stream (so the host function has returned before the hold is freed): true when
+// the stream was held until now, false when the timeout had released it earlier (the calls queued after that
+// point ran at the host's pace, and a time around them is not a device time).
+bool StreamHoldRelease(int64_t handle) {
+  const char* caller = kStreamRelease;
+  StreamHold* hold = reinterpret_cast<StreamHold*>(static_cast<intptr_t>(handle));
+  {
+    std::lock_guard<std::mutex> lock(HoldsMutex());
+    if (LiveHolds().erase(hold) == 0) {
+      TVM_FFI_THROW(ValueError) << caller << ": " << handle << " is not a held stream (from " << kStreamHold
+                                << "), or it was already released";
+    }
+  }
+  std::unique_ptr<StreamHold> owned(hold);
+  owned->gate.open.store(true, std::memory_order_release);
+  const CudartApi& rt = Cudart().Get(caller);
+  DeviceGuard guard(rt, owned->device, caller);
+  const cudaError_t err = rt.cudaStreamSynchronize(owned->stream);
+  if (err != cudaSuccess) {
+    // the host function may not have run (a stream in error): keep the gate alive rather than free what it reads
+    owned.release();
+    CheckCuda(rt, err, "cudaStreamSynchronize", caller);
+  }
+  return !owned->gate.timed_out.load(std::memory_order_acquire);
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host time of library calls.
@@ -1552,6 +1656,8 @@ void RegisterAll() {
   ffi::Function::SetGlobal(kTimingRecord, ffi::Function::FromTyped(&TimingRecord, kTimingRecord), kOverride);
   ffi::Function::SetGlobal(kTimingRead, ffi::Function::FromTyped(&TimingRead, kTimingRead), kOverride);
   ffi::Function::SetGlobal(kTimingFree, ffi::Function::FromTyped(&TimingFree, kTimingFree), kOverride);
+  ffi::Function::SetGlobal(kStreamHold, ffi::Function::FromTyped(&StreamHoldCreate, kStreamHold), kOverride);
+  ffi::Function::SetGlobal(kStreamRelease, ffi::Function::FromTyped(&StreamHoldRelease, kStreamRelease), kOverride);
   ffi::Function::SetGlobal(kConv2d, ffi::Function::FromPacked(&Conv2d), kOverride);
   ffi::Function::SetGlobal(kDense, ffi::Function::FromPacked(&Dense), kOverride);
   ffi::Function::SetGlobal(

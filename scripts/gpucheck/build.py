@@ -429,14 +429,18 @@ def _unit_bundle(ctx: BuildContext, name: str, program) -> dict:
 
 def _auto_offload(program, table_path: str):
     """``(program, report)`` with each offloadable unit as the library call where the device's unit table
-    measured it faster than the TVM kernel (``units="auto"``); the table must have been measured for this graph."""
-    from tvm_interop.passes.cost.table import TableCostModel
+    measured it faster than the TVM kernel (``units="auto"``); the table must have been measured for this graph.
+    Its device-clock times where it has them: issue 13's target compares the sequential program in a CUDA graph,
+    where a library call's host time is gone (``compile`` makes the same choice for a build with a graph)."""
+    from tvm_interop.passes.cost.table import TableCostModel, has_device_clock
     from tvm_interop.passes.offload import offload
 
     from tvm_interop.runtime.errors import InteropError
+    from tvm_interop.runtime.json_file import read_json
 
     try:
-        table = TableCostModel(table_path)
+        clock = "device" if has_device_clock(read_json(table_path, f"unit table {table_path}")) else "issue"
+        table = TableCostModel(table_path, clock=clock)
         table.check_graph(program.graph)
     except InteropError as e:
         raise SystemExit(f"gpu_check build: --auto: {e}") from None
@@ -444,7 +448,7 @@ def _auto_offload(program, table_path: str):
     if not times:
         raise SystemExit(f"gpu_check build: {table_path} has no library measurements (was it measured from a bundle "
                          "built with --unit-costs for a CUDA target?)")
-    return offload(program, units="auto", measured=times)
+    return offload(program, units="auto", measured=times, clock=clock)
 
 
 def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, units: str = "tvm",
@@ -497,7 +501,8 @@ def build_model(ctx: BuildContext, name: str, tuning_db: str | None = None, unit
             scheduled_program, report = offload(program, units=units, tf32=tf32)
         label = f"{name}+{units}" + ("+tf32" if tf32 else "")
         extra = {"library_units": len(report.offloaded), "left_to_tvm": report.refused,
-                 **({"chosen_by": report.chosen_by, "unit_table": os.path.abspath(auto_table)} if auto_table else {}),
+                 **({"chosen_by": report.chosen_by, "unit_table": os.path.abspath(auto_table),
+                     "unit_table_clock": report.clock} if auto_table else {}),
                  "torch_program": None, "torch_note": f"the PyTorch baseline is in the entry {name}"}
     elif unit_bundle:
         extra = _unit_bundle(ctx, name, program)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 from .common import REPO
 from .device import render_environment
@@ -179,7 +180,24 @@ def _unit_costs_lines(m: dict) -> list[str]:
             f"kernels one by one. Of the {uc['offloadable']} offloadable units the library call measured faster for "
             f"{uc['library_faster']}; together they take {uc['offloadable_tvm_us']:.0f} us as TVM kernels, "
             f"{uc['offloadable_library_us']:.0f} us as library calls, {uc['offloadable_faster_us']:.0f} us each as "
-            "the faster (`build --auto MODEL=TABLE` builds that program).", *_splitk_line(uc.get("splitk")), ""]
+            "the faster (`build --auto MODEL=TABLE` builds that program).", *_device_clock_line(uc),
+            *_splitk_line(uc.get("splitk")), ""]
+
+
+def _device_clock_line(uc: dict) -> list[str]:
+    """The same unit table on the device clock (calls queued behind a held stream: what a CUDA graph pays), and
+    how far the library calls' issue-clock times sat above it: the host-bound floor seen on 2026-11-26."""
+    d = uc.get("device")
+    if not d:
+        clock = uc.get("device_clock") or {}
+        return ["", f"No device clock: {clock['skipped']}"] if "skipped" in clock else []
+    ratios = d.get("library_issue_over_device") or []
+    ratio = (f" Library calls' issue-clock time over their device time: median {statistics.median(ratios):.2f}x, "
+             f"max {max(ratios):.2f}x." if ratios else "")
+    return ["", f"On the device clock (what a CUDA graph pays): the library call is faster for {d['library_faster']} "
+            f"of {d['offloadable']} offloadable units; {d['offloadable_tvm_us']:.0f} us as TVM kernels, "
+            f"{d['offloadable_library_us']:.0f} us as library calls, {d['offloadable_faster_us']:.0f} us each as "
+            f"the faster. The two clocks choose differently for {d['flips']} units.{ratio}"]
 
 
 def _splitk_line(sk: dict | None) -> list[str]:

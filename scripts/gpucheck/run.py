@@ -554,15 +554,37 @@ def splitk_summary(base: dict, split: dict, units: list[str]) -> dict:
 
 def unit_cost_summary(table: dict) -> dict:
     """Sums over a unit table, in microseconds: every TVM kernel; the offloadable units as TVM kernels, as library
-    calls, and each as the faster of the two (what ``units="auto"`` would run); how many the library wins."""
-    tvm_us = {u: v * 1e6 for u, v in table["units"].items()}
-    library_us = {st["groups"][0][0]: st["latency"] * 1e6 for st in table["stages"] if st.get("strategy") == "library"}
-    both = [(tvm_us[u], lib) for u, lib in library_us.items() if u in tvm_us]
-    return {"units": len(tvm_us), "offloadable": len(library_us), "library_faster": sum(lib < t for t, lib in both),
-            "all_tvm_us": sum(tvm_us.values()), "offloadable_tvm_us": sum(t for t, _ in both),
-            "offloadable_library_us": sum(lib for _, lib in both),
-            "offloadable_faster_us": sum(min(t, lib) for t, lib in both), "method": table.get("method"),
-            "seconds": table.get("seconds")}
+    calls, and each as the faster of the two (what ``units="auto"`` would run); how many the library wins. A table
+    with device-clock times (a GPU table from this version on) gets the same sums on that clock under ``device``,
+    and how many units the two clocks choose differently for (``flips``): the issue clock is what a direct program
+    pays, the device clock what a CUDA graph pays."""
+    def times(field: str) -> tuple[dict, dict]:
+        rows = [st for st in table["stages"] if st.get(field) is not None]
+        tvm_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows
+                  if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
+                  and len(st["groups"][0]) == 1}
+        library_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows if st.get("strategy") == "library"}
+        return tvm_us, library_us
+
+    def sums(tvm_us: dict, library_us: dict) -> dict:
+        both = [(tvm_us[u], lib) for u, lib in library_us.items() if u in tvm_us]
+        return {"units": len(tvm_us), "offloadable": len(library_us),
+                "library_faster": sum(lib < t for t, lib in both), "all_tvm_us": sum(tvm_us.values()),
+                "offloadable_tvm_us": sum(t for t, _ in both), "offloadable_library_us": sum(lib for _, lib in both),
+                "offloadable_faster_us": sum(min(t, lib) for t, lib in both)}
+
+    issue = times("latency")
+    out = {**sums(*issue), "method": table.get("method"), "seconds": table.get("seconds")}
+    device = times("device_latency")
+    if device[1]:
+        out["device"] = sums(*device)
+        common = [u for u in device[1] if u in device[0] and u in issue[0] and u in issue[1]]
+        out["device"]["flips"] = sum((issue[1][u] < issue[0][u]) != (device[1][u] < device[0][u]) for u in common)
+        out["device"]["library_issue_over_device"] = sorted(issue[1][u] / device[1][u] for u in common
+                                                            if device[1][u] > 0)
+    if table.get("device_clock"):
+        out["device_clock"] = table["device_clock"]
+    return out
 
 
 def _write(out: str, result: dict) -> None:

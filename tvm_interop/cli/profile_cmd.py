@@ -51,6 +51,9 @@ def register(sub) -> None:
     m.add_argument("--repeat", type=int, default=20)
     m.add_argument("--number", type=int, default=10)
     m.add_argument("--warmup", type=int, default=3)
+    m.add_argument("--no-device-clock", action="store_true",
+                   help="GPU: time with the issue clock only (calls back to back), not also with the device clock "
+                        "(calls queued behind a held stream: what a stage costs in a CUDA graph)")
     m.add_argument("--chunk", type=int, default=None,
                    help="--rpc: stages per fleet item (default: about four items per device, at most 64 stages)")
     add_rpc_args(m, "measure the stages")
@@ -116,15 +119,18 @@ def run_measure(args) -> int:
     with fleet_from_args(args) as fleet:
         if fleet is None:
             table = measure_bundle(args.bundle, device=args.device, method=args.method, repeat=args.repeat,
-                                   number=args.number, warmup=args.warmup, out=out)
+                                   number=args.number, warmup=args.warmup, out=out,
+                                   device_clock=False if args.no_device_clock else None)
         else:
             from tvm_interop.passes.fleet.bundle import measure_bundle_on_fleet
 
             table = measure_bundle_on_fleet(args.bundle, fleet, method=args.method, device=args.device,
                                             repeat=args.repeat, number=args.number, warmup=args.warmup,
-                                            chunk=args.chunk, out=out)
+                                            chunk=args.chunk, out=out,
+                                            device_clock=False if args.no_device_clock else None)
     summary = {"stages": len(table["stages"]), "device": table["device"], "method": table["method"],
-               "seconds": table["seconds"], "output": out, "fleet": table.get("fleet")}
+               "seconds": table["seconds"], "output": out, "fleet": table.get("fleet"),
+               "device_clock": table.get("device_clock")}
     if args.json:
         print_json(summary)
     else:
@@ -132,4 +138,10 @@ def run_measure(args) -> int:
               f"{summary['seconds']:.1f} s -> {out}")
         if summary["fleet"]:
             print(fleet_line(summary["fleet"]))
+        clock = summary["device_clock"]
+        if clock and "skipped" in clock:
+            print(f"no device clock: {clock['skipped']}")
+        elif clock:
+            print(f"device clock: {clock['held']} held runs, {clock['not_held']} not held; "
+                  f"{clock['stages_without']} stages without a device time")
     return 0
