@@ -14,6 +14,10 @@ verified on the device itself, as AutoGraph verifies its top candidates on board
   **measured whole-program latency** ships (programs are timed as one function each: their stages back to back,
   as the stage-mode lowering runs them; ``passes.profile_bundle``).
 
+``clock`` says which of a GPU table's two times the search prices stages and ranks programs by
+(``runtime.device_clock``): ``issue`` (calls back to back: what a direct program pays) or ``device`` (calls queued
+behind a held stream: what a CUDA graph pays, where host work is gone). A search keeps the clock it started with.
+
 One device call per round: a profiling bundle measured in one batch, either through a fleet (``--rpc``, the
 round trip happens inside this call) or by hand (the call returns with the command to run on the device, and
 ``--import RESULTS`` continues). Everything lives in one directory (``active.json``, the merged ``costs.json``,
@@ -32,6 +36,7 @@ from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.json_file import read_json
 from tvm_interop.runtime.profile_bundle import TABLE_FORMAT, stage_key
 
+from .cost.table import CLOCKS, has_device_clock
 from .schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -79,15 +84,18 @@ class _State:
         return os.path.join(self.directory, COSTS_FILE)
 
 
-def _check_identity(state: _State, graph, target_text: str, model_name: str) -> None:
+def _check_identity(state: _State, graph, target_text: str, model_name: str, clock: str = "issue") -> None:
     import tvm
 
     d = state.data
     if not d:
         d.update(format=STATE_FORMAT, version=STATE_VERSION, model=model_name, graph_fingerprint=graph.fingerprint(),
                  target=target_text, tvm_version=tvm.__version__, device=None, round=0, pending=None,
-                 candidates={}, history=[])
+                 candidates={}, history=[], clock=clock)
         return
+    if d.get("clock", "issue") != clock:
+        raise InteropError(f"{state.path} ranks by the {d.get('clock', 'issue')} clock, not the {clock} clock: its "
+                           "rounds were priced on it; use another --active directory for the other clock")
     if d.get("graph_fingerprint") != graph.fingerprint():
         raise InteropError(f"{state.path} belongs to model {d.get('model')!r} (graph fingerprint "
                            f"{d.get('graph_fingerprint')}), not to {model_name!r} ({graph.fingerprint()}): another model "
@@ -126,23 +134,33 @@ def _merge_results(state: _State, table: dict, graph) -> dict:
                            f"{len(want)} stages, {len(table.get('programs', []))} of "
                            f"{len(bundle_plan.get('programs', []))} programs): were they measured from "
                            f"{pending['bundle']}?")
+    device_clock = d.get("clock", "issue") == "device"
+    if device_clock and not has_device_clock(table):
+        why = (table.get("device_clock") or {}).get("skipped", "measured with the issue clock only")
+        raise InteropError(f"the results have no device-clock times ({why}), and this search ranks by the device "
+                           "clock: measure the round's bundle on the GPU without --no-device-clock")
     d["device"] = table.get("device")
     merged = read_json(state.costs_path, "costs") if os.path.exists(state.costs_path) else None
     if merged is None:
-        merged = {k: v for k, v in table.items() if k not in ("stages", "units", "programs", "fleet", "seconds")}
+        merged = {k: v for k, v in table.items()
+                  if k not in ("stages", "units", "programs", "fleet", "seconds", "device_clock")}
         merged.update(stages=[], units={}, rounds=0)
     have = {row["key"]: row for row in merged["stages"]}
     for row in table["stages"]:
-        have[row["key"]] = {k: row[k] for k in ("key", "groups", "latency")}
+        have[row["key"]] = {k: row[k] for k in ("key", "groups", "latency", "device_latency") if k in row}
     merged["stages"] = list(have.values())
     merged["units"].update(table.get("units", {}))
     merged["rounds"] = int(merged.get("rounds", 0)) + 1
+    if device_clock:   # every round's table had the device clock (checked above): so has the merged one
+        merged["device_clock"] = {"statistic": "per round: see the round's own table", "rounds": merged["rounds"]}
     atomic.write_json(state.costs_path, merged)
     names = [pr["name"] for pr in bundle_plan.get("programs", [])]
     for row in table.get("programs", []):
         cand = d["candidates"].get(names[row["index"]])
         if cand is not None:
             cand["measured_ms"] = row["latency"] * 1e3
+            if row.get("device_latency") is not None:
+                cand["measured_device_ms"] = row["device_latency"] * 1e3
     d["round"] = pending["round"]
     d["history"].append({"round": pending["round"], "stages_measured": len(table["stages"]),
                          "programs_measured": len(table.get("programs", [])),
@@ -153,7 +171,8 @@ def _merge_results(state: _State, table: dict, graph) -> dict:
 
 
 def _best_measured(d: dict) -> tuple[str | None, float | None]:
-    done = [(c["measured_ms"], name) for name, c in d["candidates"].items() if c.get("measured_ms") is not None]
+    field_ = "measured_device_ms" if d.get("clock", "issue") == "device" else "measured_ms"
+    done = [(c[field_], name) for name, c in d["candidates"].items() if c.get(field_) is not None]
     if not done:
         return None, None
     ms, name = min(done)
@@ -169,7 +188,7 @@ def _round_cost_model(state: _State, graph, fallback_spec: str):
     from .cost.learned import LearnedCostModel
     from .cost.table import TableCostModel
 
-    table = TableCostModel(state.costs_path, fallback="units")
+    table = TableCostModel(state.costs_path, fallback="units", clock=state.data.get("clock", "issue"))
     model = LearnedCostModel(table, graph=None)
     by_name = {u.name: u for u in graph.units}
     for row in table.table["stages"]:
@@ -184,11 +203,11 @@ def _round_cost_model(state: _State, graph, fallback_spec: str):
 def device_search(program, target, directory: str, *, scheduler: str = "ios", top_k: int = 3, rounds: int = 4,
                   schedulers: tuple[str, ...] | None = None, fleet=None, import_path: str | None = None,
                   model_name: str | None = None, batch: int = 1, fallback_cost: str | None = None,
-                  bundle_options: dict | None = None, progress=None) -> DeviceSearchResult:
+                  bundle_options: dict | None = None, progress=None, clock: str = "issue") -> DeviceSearchResult:
     """Run (or continue) an active device search in ``directory``; see the module doc. ``scheduler`` is always
     searched; ``schedulers`` (default ios, lios, greedy) add their picks to the candidates. ``fleet``: measure
     each round on it now; without one the call returns ``status="waiting"`` with the bundle to measure, and
-    ``import_path`` (the measured cost table) continues."""
+    ``import_path`` (the measured cost table) continues. ``clock``: ``issue`` or ``device`` (module doc)."""
     from .schedulers import schedule_graph
     from .target import device_kind, normalize_target, target_text
 
@@ -199,7 +218,12 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
     model_name = model_name or graph.name
     os.makedirs(directory, exist_ok=True)
     state = _State(directory)
-    _check_identity(state, graph, target_text(target), model_name)
+    if clock not in CLOCKS:
+        raise InteropError(f"unknown clock {clock!r}; use one of {', '.join(CLOCKS)}")
+    if clock == "device" and kind != "cuda":
+        raise InteropError("the device clock times GPU streams: an active search with clock='device' needs a CUDA "
+                           "target")
+    _check_identity(state, graph, target_text(target), model_name, clock)
     d = state.data
     say = progress or (lambda msg: log.info("%s", msg))
     if import_path:
@@ -293,11 +317,14 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
                                      "shipped": best_name, "history": d["history"],
                                      "candidates": _candidate_rows(d),
                                      "seconds_this_call": time.perf_counter() - t0}
-    sched.search["shipped_because"] = f"lowest measured whole-program latency ({best_ms:.3f} ms) of the picks"
+    sched.search["device_search"]["clock"] = d.get("clock", "issue")
+    sched.search["shipped_because"] = (f"lowest measured whole-program latency ({best_ms:.3f} ms, "
+                                       f"{d.get('clock', 'issue')} clock) of the picks")
     state.save()
     return DeviceSearchResult("done", sched, None, list(d["history"]), _candidate_rows(d), directory)
 
 
 def _candidate_rows(d: dict) -> list[dict]:
     return [{"name": n, "scheduler": c["scheduler"], "round": c["round"], "predicted_ms": c["predicted_ms"],
-             "measured_ms": c["measured_ms"]} for n, c in d["candidates"].items()]
+             "measured_ms": c["measured_ms"], "measured_device_ms": c.get("measured_device_ms")}
+            for n, c in d["candidates"].items()]

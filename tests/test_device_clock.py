@@ -214,3 +214,21 @@ def test_unit_table_summary_and_report_on_both_clocks():
     assert "On the device clock (what a CUDA graph pays): the library call is faster for 1 of 1" in text
     assert "choose differently for 1 units" in text and "median 4.44x" in text
     assert "device" not in unit_cost_summary(_table(device=False))
+
+
+def test_cli_clock_options(tmp_path, capsys):
+    """``schedule --clock`` belongs to an active search; ``profile-measure --no-device-clock`` is accepted on a CPU
+    bundle (where the issue clock is the only one) and its table has no device clock."""
+    from tvm_interop.cli import main
+
+    assert main(["schedule", "squeezenet", "--clock", "device"]) == 1
+    assert "--clock belongs to --active DIR" in capsys.readouterr().err
+    bundle = str(tmp_path / "b")
+    assert main(["profile-bundle", "squeezenet", "--image-size", "32", "--width", "0.125", "--no-ios",
+                 "-o", bundle, "--quiet"]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "costs.json")
+    assert main(["profile-measure", bundle, "-o", out, "--repeat", "2", "--number", "1", "--warmup", "1",
+                 "--no-device-clock", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device_clock"] is None
+    assert not has_device_clock(json.load(open(out)))

@@ -207,3 +207,68 @@ def test_h100_table_answers_a_cuda_search(tmp_path, capsys):
     assert all(h["programs_measured"] >= 1 for h in res["history"])
     assert json.load(open(out))["search"]["device_search"]["device"].endswith(
         "[stand-in: costs_squeezenet_r2s3b8.json]")
+
+
+def _answer(bundle: str, issue_ms: list[float], device_ms: list[float] | None, device: str) -> str:
+    """A round's results written by hand from its bundle (no GPU here): every stage 10 us on the issue clock and
+    8 us on the device clock; the programs as given. Illustrative numbers; what is tested is the bookkeeping."""
+    import tvm
+
+    from tvm_interop.runtime.profile_bundle import stage_key
+
+    plan = json.load(open(os.path.join(bundle, "bundle.json")))
+    table = {"format": "tvm-interop-cost-table", "version": 1, "model": plan["model"],
+             "graph_fingerprint": plan["graph_fingerprint"], "target": plan["target"], "device_kind": "cuda",
+             "device": device, "tvm_version": tvm.__version__, "units": {},
+             "stages": [{"index": i, "key": stage_key(st["groups"]), "groups": st["groups"], "latency": 10e-6,
+                         **({"device_latency": 8e-6} if device_ms else {})} for i, st in enumerate(plan["stages"])],
+             "programs": [{"index": k, "name": p["name"], "latency": issue_ms[k] * 1e-3,
+                           **({"device_latency": device_ms[k] * 1e-3} if device_ms else {})}
+                          for k, p in enumerate(plan["programs"])]}
+    table["units"] = {st["groups"][0][0]: 10e-6 for st in plan["stages"]
+                      if len(st["groups"]) == 1 and len(st["groups"][0]) == 1}
+    if device_ms:
+        table["device_clock"] = {"held": 1, "not_held": 0, "stages_without": 0, "programs_without": 0}
+    out = os.path.join(bundle, "answer.json")
+    json.dump(table, open(out, "w"))
+    return out
+
+
+def test_device_clock_search_ranks_programs_by_device_time(tmp_path):
+    """``clock="device"`` (``schedule --active DIR --clock device``): the search ships the pick whose whole
+    program was fastest on the device clock (what a CUDA graph pays), not on the issue clock; results without
+    device times are refused, and a directory keeps the clock it started with."""
+    import shutil
+
+    from tvm_interop.api import load_module, prepare_program
+
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/bin/nvcc"):
+        pytest.skip("nvcc not found: CUDA bundles cannot be built here")
+    mod, name = load_module("squeezenet", **TINY)
+    cuda = prepare_program(mod, "cuda", name=name)
+    with pytest.raises(InteropError, match="needs a CUDA target"):
+        device_search(cuda, "llvm", str(tmp_path / "cpu"), clock="device")
+    d = str(tmp_path / "active")
+    res = device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device")
+    plan = json.load(open(os.path.join(res.bundle, "bundle.json")))
+    if len(plan["programs"]) < 2:
+        pytest.skip("the schedulers agreed on one pick: nothing to rank")
+    with pytest.raises(InteropError, match="ranks by the device clock, not the issue clock"):
+        device_search(cuda, "cuda", d, top_k=2, rounds=1)
+    issue_only = _answer(res.bundle, [1.0, 2.0], None, "cuda:stand-in:sm_90")
+    with pytest.raises(InteropError, match="no device-clock times .*ranks by the device clock"):
+        device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device", import_path=issue_only)
+    # the first program is faster on the issue clock, the second on the device clock
+    answer = _answer(res.bundle, [1.0, 2.0], [0.9, 0.5], "cuda:stand-in:sm_90")
+    done = device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device", import_path=answer)
+    assert done.status == "done"
+    info = done.schedule.search["device_search"]
+    assert info["shipped"] == plan["programs"][1]["name"] and info["clock"] == "device"
+    assert done.schedule.measured_latency == pytest.approx(0.5e-3)
+    rows = {c["name"]: c for c in done.candidates}
+    assert rows[plan["programs"][0]["name"]]["measured_device_ms"] == pytest.approx(0.9)
+    costs = json.load(open(os.path.join(d, "costs.json")))
+    assert all(row["device_latency"] == 8e-6 for row in costs["stages"])
+    from tvm_interop.passes.cost.table import TableCostModel
+
+    assert TableCostModel(os.path.join(d, "costs.json"), clock="device").unit_latency(cuda.graph.units[0]) == 8e-6

@@ -560,9 +560,12 @@ def unit_cost_summary(table: dict) -> dict:
     pays, the device clock what a CUDA graph pays."""
     def times(field: str) -> tuple[dict, dict]:
         rows = [st for st in table["stages"] if st.get(field) is not None]
-        tvm_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows
-                  if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
-                  and len(st["groups"][0]) == 1}
+        if field == "latency":   # the table's own unit times
+            tvm_us = {u: v * 1e6 for u, v in table["units"].items()}
+        else:                    # a unit's own row: its concurrent one-unit stage
+            tvm_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows
+                      if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
+                      and len(st["groups"][0]) == 1}
         library_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows if st.get("strategy") == "library"}
         return tvm_us, library_us
 

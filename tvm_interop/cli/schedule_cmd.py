@@ -79,6 +79,9 @@ def register(sub) -> None:
     g.add_argument("--target", default=None,
                    help="--active: the target the kernels are built for (default cuda; llvm for CPU devices)")
     g.add_argument("--rounds", type=int, default=4, help="--active: rounds at most (default 4)")
+    g.add_argument("--clock", default="issue", choices=["issue", "device"],
+                   help="--active: price stages and rank programs by the issue clock (calls back to back: a direct "
+                        "program) or the device clock (calls behind a held stream: a CUDA graph); default issue")
     g.add_argument("--stand-in", default=None, metavar="TABLE",
                    help="--active: answer every round from this measured cost table instead of a device (its "
                         "stages as measured, whole programs predicted by the fitted program model: "
@@ -200,6 +203,9 @@ def run(args) -> int:
     from tvm_interop.passes.search import is_timed_cost
     from tvm_interop.runtime.errors import InteropError
 
+    if args.clock != "issue" and not args.active:
+        raise InteropError("--clock belongs to --active DIR (a cost table's clock is chosen with "
+                           "--cost 'table:FILE;clock=device')")
     if args.active:
         if args.stand_in and (args.rpc or args.import_results):
             raise InteropError("--stand-in answers the rounds itself: not with --rpc or --import")
@@ -291,7 +297,8 @@ def _run_autograph(args, t0: float) -> int:
                                cost_for=cost_for,
                                device_kind="cpu" if args.cost in ("sim:cpu", "measured") or timed else "cuda",
                                cost_spec=args.cost if timed else fixed, options=opts, model_name=name,
-                               batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+                               batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)),
+                             clock=args.clock)
     wall = time.perf_counter() - t1
     return _report(args, result.schedule, result.program.graph, fingerprint, opts, load_s, wall)
 
@@ -390,7 +397,8 @@ def _run_active(args, fleet) -> int:
     def search(import_path):
         return device_search(program, target, args.active, scheduler=args.scheduler, top_k=args.top_k or 3,
                              rounds=args.rounds, fleet=fleet, import_path=import_path, model_name=name,
-                             batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
+                             batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)),
+                             clock=args.clock)
 
     with progress_logging(args):
         res = search(args.import_results)
@@ -418,6 +426,8 @@ def _run_active(args, fleet) -> int:
     measured = "stand-in (program model)" if args.stand_in else "measured"
     for c in res.candidates:
         meas = "not measured yet" if c["measured_ms"] is None else f"{measured} {c['measured_ms']:.3f} ms"
+        if c.get("measured_device_ms") is not None:
+            meas += f" (device clock {c['measured_device_ms']:.3f} ms)"
         print(f"  {c['name']:<16} predicted {c['predicted_ms']:.3f} ms, {meas}")
     if res.status == "waiting":
         print(f"round waiting for the device: {res.measure_command}")
