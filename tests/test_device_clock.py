@@ -232,3 +232,20 @@ def test_cli_clock_options(tmp_path, capsys):
                  "--no-device-clock", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["device_clock"] is None
     assert not has_device_clock(json.load(open(out)))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda t: t["units"].update(a="fast"), "unit 'a' has no valid time"),
+    (lambda t: t["stages"][1].pop("latency"), "stage row 1 has no valid latency"),
+    (lambda t: t["stages"][2].update(latency=float("nan")), "stage row 2 has no valid latency"),
+    (lambda t: t["stages"][0].update(device_latency=-1.0), "stage row 0 has no valid device_latency"),
+    (lambda t: t["stages"][3].pop("groups"), "stage row 3 has no groups"),
+    (lambda t: t.update(stages={}), "'stages' is not a list"),
+])
+def test_a_damaged_table_is_refused_naming_the_entry(tmp_path, damage, match):
+    table = _table()
+    damage(table)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(table))   # NaN is written as NaN: json reads it back
+    with pytest.raises(InteropError, match=match + ".*measure the bundle again|" + match):
+        TableCostModel(str(path))

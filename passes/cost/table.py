@@ -52,7 +52,43 @@ def _read_table(path: str) -> dict:
     table = read_json(path, f"cost table {path}")
     if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
         raise InteropError(f"{path} is not a tvm-interop cost table (run python -m tvm_interop.runtime.profile_bundle)")
+    _check_table(path, table)
     return table
+
+
+def _time(value, device: bool = False) -> bool:
+    if device and value is None:   # a row the device clock could not time
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0.0 and value == value \
+        and value != float("inf")
+
+
+def _check_table(path: str, table: dict) -> None:
+    """A damaged or hand-edited table is refused naming the first bad entry, never a KeyError or a wrong price."""
+    units = table.get("units", {})
+    if not isinstance(units, dict):
+        raise InteropError(f"cost table {path}: 'units' is not an object of unit -> seconds")
+    for u, v in units.items():
+        if not _time(v):
+            raise InteropError(f"cost table {path}: unit {u!r} has no valid time ({v!r}); the table is damaged: "
+                               "measure the bundle again")
+    stages = table.get("stages", [])
+    if not isinstance(stages, list):
+        raise InteropError(f"cost table {path}: 'stages' is not a list")
+    for i, st in enumerate(stages):
+        groups = st.get("groups") if isinstance(st, dict) else None
+        why = None
+        if not isinstance(groups, list) or not groups or not all(isinstance(g, list) and g for g in groups):
+            why = "no groups"
+        elif not isinstance(st.get("key"), str):
+            why = "no key"
+        elif not _time(st.get("latency")):
+            why = f"no valid latency ({st.get('latency')!r})"
+        elif not _time(st.get("device_latency"), device=True):
+            why = f"no valid device_latency ({st.get('device_latency')!r})"
+        if why:
+            raise InteropError(f"cost table {path}: stage row {i} has {why}; the table is damaged: measure the "
+                               "bundle again")
 
 
 class TableCostModel(CostModel):
