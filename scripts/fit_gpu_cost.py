@@ -388,7 +388,8 @@ def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
                                kernel_scale=1.1, timing_floor=5e-6)][:starts - 1]
     t0 = time.perf_counter()
     res = fit(samples, data.units, base=base, names=DEFAULT_FIT, scaled_groups=scaled,
-              starts=start_list, iters=iters, priors=DEFAULT_PRIORS, tol=LM_TOL)
+              interference=getattr(data, "fit_interference", ()), starts=start_list, iters=iters,
+              priors=DEFAULT_PRIORS, tol=LM_TOL)
     log(f"  fit [{tag}]: {len(idx)} variants + {len(data.stage_samples)} table stages, "
         f"loss {res.loss:.5f}, {res.evaluations} evaluations, "
         f"{time.perf_counter() - t0:.0f} s")
@@ -1036,6 +1037,8 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default=os.path.join(ROOT, "docs", "gpu_cost_model.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu_cost_model.json"))
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--fit-interference", default="", metavar="V<-A,...",
+                    help="also fit these interference entries (victim<-aggressor unit classes; an experiment)")
     args = ap.parse_args(argv)
     if args.quick:
         args.iters, args.starts = 10, 1
@@ -1053,6 +1056,7 @@ def main(argv=None) -> int:
             with open(args.cache, "wb") as f:
                 pickle.dump(data, f)
     log(f"{len(data.records)} variants reproduced ({sum(c['ok'] for c in data.checks)} schedule shapes match the runs)")
+    data.fit_interference = tuple(k.strip() for k in args.fit_interference.split(",") if k.strip())
     data.stage_samples = [] if args.no_stages else build_stage_samples(args.data, data)
     log(f"{len(data.stage_samples)} table stages as table-protocol samples")
     ev = evaluate(data, args.iters, args.starts, args.jobs)

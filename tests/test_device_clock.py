@@ -62,7 +62,7 @@ def test_both_clocks_price_units_stages_and_library_calls(tmp_path):
 def test_rows_without_a_device_time_keep_their_issue_time_and_are_counted(tmp_path):
     model = TableCostModel(_write(tmp_path, _table(missing=("b",))), clock="device")
     assert model.unit_latency(_unit("b")) == pytest.approx(30e-6)
-    assert model.clock_fallbacks == 2   # b's unit row, read for the units and for the stages
+    assert model.clock_fallbacks == 1   # b's unit row
     assert "have no device-clock time" in model.composed_report()
 
 

@@ -103,26 +103,20 @@ class TableCostModel(CostModel):
         self.path = path
         self.table = table
         self.clock = clock
-        self.clock_fallbacks = 0   # rows the device clock could not time: priced at their issue time
-
-        def latency(row: dict) -> float:
-            if clock == "device":
-                d = row.get("device_latency")
-                if d is not None:
-                    return float(d)
-                self.clock_fallbacks += 1
-            return float(row["latency"])
-
         rows = table.get("stages", [])
+        untimed = [clock == "device" and st.get("device_latency") is None for st in rows]
+        self.clock_fallbacks = sum(untimed)   # rows the device clock could not time: priced at their issue time
+        lats = [float(st["latency"] if miss or clock == "issue" else st["device_latency"])
+                for st, miss in zip(rows, untimed)]
         if clock == "issue":
             self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
         else:   # a unit's own row: its concurrent one-unit stage
-            self.units = {st["groups"][0][0]: latency(st) for st in rows
+            self.units = {st["groups"][0][0]: lat for st, lat in zip(rows, lats)
                           if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
                           and len(st["groups"][0]) == 1}
-        self.stages = {st["key"]: latency(st) for st in rows}
+        self.stages = {st["key"]: lat for st, lat in zip(rows, lats)}
         # a unit's cuDNN / cuBLAS call timed alone (``profile-bundle --library-units``): stage "library:<unit>"
-        self.library = {st["groups"][0][0]: latency(st) for st in rows if st.get("strategy") == "library"}
+        self.library = {st["groups"][0][0]: lat for st, lat in zip(rows, lats) if st.get("strategy") == "library"}
         self.fallback_spec = fallback
         self._fallback_model: CostModel | None = None
         if fallback not in ("units", "error"):
