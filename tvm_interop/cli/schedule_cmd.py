@@ -297,8 +297,7 @@ def _run_autograph(args, t0: float) -> int:
                                cost_for=cost_for,
                                device_kind="cpu" if args.cost in ("sim:cpu", "measured") or timed else "cuda",
                                cost_spec=args.cost if timed else fixed, options=opts, model_name=name,
-                               batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)),
-                             clock=args.clock)
+                               batch=args.batch, progress=None if args.quiet else (lambda m: status(args, m)))
     wall = time.perf_counter() - t1
     return _report(args, result.schedule, result.program.graph, fingerprint, opts, load_s, wall)
 
