@@ -49,6 +49,16 @@ def stage_key(groups, strategy: str = "concurrent") -> str:
     return strategy + ":" + ";".join(gs)
 
 
+def unit_row(row: dict) -> str | None:
+    """The unit a cost-table row times alone (its concurrent one-unit stage), or None: a unit's library call
+    (``library`` strategy), a chain or a concurrent stage is another row. The one definition: the table's ``units``,
+    its device-clock unit times and a fleet's merge take their unit times from these rows."""
+    groups = row.get("groups") or []
+    if row.get("strategy", "concurrent") == "concurrent" and len(groups) == 1 and len(groups[0]) == 1:
+        return groups[0][0]
+    return None
+
+
 def device_fingerprint(kind: str, dev=None) -> str:
     import tvm
 
@@ -261,7 +271,7 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
                                 "sources": st.get("sources", []), "strategy": strategy})
         if clock is not None:
             table["stages"][-1]["device_latency"] = device_results["stages"][n]
-        if strategy == "concurrent" and len(groups) == 1 and len(groups[0]) == 1:
+        if unit_row(table["stages"][-1]) is not None:
             table["units"][groups[0][0]] = lat
     table["seconds"] = time.perf_counter() - t_start
     if out:

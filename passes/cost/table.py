@@ -26,7 +26,7 @@ from typing import Sequence
 
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.json_file import read_json
-from tvm_interop.runtime.profile_bundle import stage_key
+from tvm_interop.runtime.profile_bundle import stage_key, unit_row
 
 from ..graph import OpGraph, Unit
 from . import registry
@@ -111,9 +111,7 @@ class TableCostModel(CostModel):
         if clock == "issue":
             self.units = {str(k): float(v) for k, v in table.get("units", {}).items()}
         else:   # a unit's own row: its concurrent one-unit stage
-            self.units = {st["groups"][0][0]: lat for st, lat in zip(rows, lats)
-                          if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
-                          and len(st["groups"][0]) == 1}
+            self.units = {unit_row(st): lat for st, lat in zip(rows, lats) if unit_row(st) is not None}
         self.stages = {st["key"]: lat for st, lat in zip(rows, lats)}
         # a unit's cuDNN / cuBLAS call timed alone (``profile-bundle --library-units``): stage "library:<unit>"
         self.library = {st["groups"][0][0]: lat for st, lat in zip(rows, lats) if st.get("strategy") == "library"}

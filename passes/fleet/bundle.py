@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from tvm_interop.runtime.profile_bundle import load_bundle, stage_key
+from tvm_interop.runtime.profile_bundle import load_bundle, stage_key, unit_row
 
 from .device import RemoteDevice
 from .pool import Fleet
@@ -100,9 +100,7 @@ def merge_tables(parts: list[dict]) -> dict:
     rows = sorted((row for p in parts for row in p["stages"]), key=lambda r: r["index"])
     table["stages"] = rows
     # a unit's own row is its concurrent one-unit stage; its library call ("library" strategy) is another row
-    table["units"] = {r["groups"][0][0]: r["latency"] for r in rows
-                      if r.get("strategy", "concurrent") == "concurrent" and len(r["groups"]) == 1
-                      and len(r["groups"][0]) == 1}
+    table["units"] = {unit_row(r): r["latency"] for r in rows if unit_row(r) is not None}
     table["programs"] = sorted((row for p in parts for row in p.get("programs", [])), key=lambda r: r["index"])
     assert all(r["key"] == stage_key(r["groups"], r.get("strategy", "concurrent")) for r in rows)
     clocks = [p["device_clock"] for p in parts if "device_clock" in p]

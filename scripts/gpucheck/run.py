@@ -558,14 +558,14 @@ def unit_cost_summary(table: dict) -> dict:
     with device-clock times (a GPU table from this version on) gets the same sums on that clock under ``device``,
     and how many units the two clocks choose differently for (``flips``): the issue clock is what a direct program
     pays, the device clock what a CUDA graph pays."""
+    from tvm_interop.runtime.profile_bundle import unit_row
+
     def times(field: str) -> tuple[dict, dict]:
         rows = [st for st in table["stages"] if st.get(field) is not None]
         if field == "latency":   # the table's own unit times
             tvm_us = {u: v * 1e6 for u, v in table["units"].items()}
         else:                    # a unit's own row: its concurrent one-unit stage
-            tvm_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows
-                      if st.get("strategy", "concurrent") == "concurrent" and len(st["groups"]) == 1
-                      and len(st["groups"][0]) == 1}
+            tvm_us = {unit_row(st): st[field] * 1e6 for st in rows if unit_row(st) is not None}
         library_us = {st["groups"][0][0]: st[field] * 1e6 for st in rows if st.get("strategy") == "library"}
         return tvm_us, library_us
 
