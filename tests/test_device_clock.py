@@ -210,7 +210,11 @@ def test_unit_table_summary_and_report_on_both_clocks():
     uc = unit_cost_summary(_table())
     assert uc["library_faster"] == 0 and uc["device"]["library_faster"] == 1 and uc["device"]["flips"] == 1
     assert uc["device"]["library_issue_over_device"] == [pytest.approx(40 / 9)]
-    text = "\n".join(_unit_costs_lines({"unit_costs": {"table": "t.json", **uc}}))
+    assert uc["all_faster_us"] == pytest.approx(50) and uc["device"]["all_faster_us"] == pytest.approx(34)
+    torch = {"name": "PyTorch eager (cuDNN) + CUDA graph", "median_ms": 0.04}
+    text = "\n".join(_unit_costs_lines({"unit_costs": {"table": "t.json", **uc}, "variants": [torch]}))
+    assert ("summed (a sum of unit times, not a measured program): issue clock 0.050 ms (1.25x); device clock "
+            "0.034 ms (0.85x) of PyTorch eager (cuDNN) + CUDA graph 0.040 ms.") in text
     assert "On the device clock (what a CUDA graph pays): the library call is faster for 1 of 1" in text
     assert "choose differently for 1 units" in text and "median 4.44x" in text
     assert "device" not in unit_cost_summary(_table(device=False))
