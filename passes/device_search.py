@@ -216,13 +216,13 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
     kind = device_kind(target)
     graph = program.graph
     model_name = model_name or graph.name
-    os.makedirs(directory, exist_ok=True)
-    state = _State(directory)
-    if clock not in CLOCKS:
+    if clock not in CLOCKS:   # checked before the directory exists: a bad call leaves nothing behind
         raise InteropError(f"unknown clock {clock!r}; use one of {', '.join(CLOCKS)}")
     if clock == "device" and kind != "cuda":
         raise InteropError("the device clock times GPU streams: an active search with clock='device' needs a CUDA "
                            "target")
+    os.makedirs(directory, exist_ok=True)
+    state = _State(directory)
     _check_identity(state, graph, target_text(target), model_name, clock)
     d = state.data
     say = progress or (lambda msg: log.info("%s", msg))
