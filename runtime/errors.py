@@ -30,6 +30,16 @@ class ExportError(InteropError):
     """An exported model cannot be written or loaded."""
 
 
+class MissingFileError(InteropError, FileNotFoundError):
+    """A file the caller named (a model file, ...) does not exist. Also a ``FileNotFoundError``, so callers that
+    catch the built-in keep working, while the CLI reports it as a clear error instead of a traceback."""
+
+
+class MissingDependencyError(InteropError, ImportError):
+    """An optional package a feature needs is not installed (the message names the extra to install). Also an
+    ``ImportError``, for callers that catch the built-in."""
+
+
 class InputError(InteropError):
     """Inputs given at run time do not match what the model was compiled for."""
 

@@ -60,6 +60,13 @@ def test_errors_are_clear(tmp_path, capsys):
     assert "not a loadable TVM library" in capsys.readouterr().err
     assert main(["show", str(tmp_path / "missing.json")]) == 1
     assert "cannot read schedule file" in capsys.readouterr().err
+    # a model file that is not there: one line naming it, not a traceback (checked before the ONNX import)
+    assert main(["compile", str(tmp_path / "absent.onnx")]) == 1
+    assert "ONNX model file not found: " + str(tmp_path / "absent.onnx") in capsys.readouterr().err
+    # an unknown scheduler is refused before the model is loaded, listing every choice (autograph included)
+    assert main(["compile", "squeezenet", "--scheduler", "nope"]) == 1
+    assert "unknown scheduler 'nope'; available: autograph, exhaustive, greedy, hios, ios, lios, sequential" \
+        in capsys.readouterr().err
 
 
 def test_schedule_with_timed_costs(tmp_path, capsys):

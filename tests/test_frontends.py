@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_interop.runtime.errors import InputError, UnsupportedModelError
+from tvm_interop.runtime.errors import InputError, InteropError, UnsupportedModelError
 from tvm_interop.frontends import from_onnx, from_torch
 
 
@@ -124,7 +124,9 @@ def test_onnx_garbage_file(tmp_path, content):
 
 def test_onnx_missing_file(tmp_path):
     pytest.importorskip("onnx")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="ONNX model file not found"):   # the built-in still catches it
+        from_onnx(tmp_path / "absent.onnx")
+    with pytest.raises(InteropError, match="absent.onnx"):                     # and so does the CLI
         from_onnx(tmp_path / "absent.onnx")
 
 
@@ -143,10 +145,20 @@ def test_onnx_unsupported_operator():
         from_onnx(model)
 
 
-def test_onnx_missing_extra(monkeypatch):
+def test_onnx_missing_extra(monkeypatch, tmp_path, capsys):
+    from tvm_interop.cli import main
+
+    path = tmp_path / "whatever.onnx"
+    path.write_bytes(b"\x08\x07")
     monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
     with pytest.raises(ImportError, match=r"tvm-interop\[onnx\]"):
-        from_onnx("whatever.onnx")
+        from_onnx(str(path))
+    # the CLI names the extra in one line (the error is an InteropError too), not a traceback
+    assert main(["compile", str(path)]) == 1
+    assert "needs the optional package 'onnx'" in capsys.readouterr().err
+    # a missing file is named first, even without onnx
+    with pytest.raises(FileNotFoundError, match="ONNX model file not found"):
+        from_onnx(str(tmp_path / "absent.onnx"))
 
 
 # --------------------------------------------------------------------------------------------------- torch

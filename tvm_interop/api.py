@@ -206,6 +206,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
 
     if units not in UNIT_CHOICES:
         raise InteropError(f"unknown units {units!r}; choose one of {', '.join(UNIT_CHOICES)}")
+    _check_scheduler_name(scheduler, schedule)
     offload_report = None
     timings: dict = {}
     t0 = time.perf_counter()
@@ -493,6 +494,16 @@ def _unless_predicted_slower(sched, graph, model_name: str, batch_size: int):
     sched.search["shipped_because"] = (f"predicted faster than sequential under {sched.device} ({pred * 1e3:.3f} vs "
                                        f"{seq_pred * 1e3:.3f} ms; not measured: guard=True measures)")
     return sched
+
+
+def _check_scheduler_name(scheduler: str, schedule) -> None:
+    """Refuse an unknown scheduler before the model is loaded and built: the registry's schedulers work on one
+    operator graph, ``autograph`` on the whole model (here), so the registry alone does not list every choice."""
+    from tvm_interop.passes.schedulers import available_schedulers
+
+    choices = sorted([*available_schedulers(), "autograph"])
+    if schedule is None and scheduler not in choices:
+        raise InteropError(f"unknown scheduler {scheduler!r}; available: {', '.join(choices)}")
 
 
 def reference_build(mod, target: str = "llvm"):

@@ -270,6 +270,15 @@ def _timed_twins(ctx: BuildContext, pending: list[tuple], program) -> dict[str, 
     return out
 
 
+def _schedule_spec(spec: str) -> tuple[str, str, str]:
+    """``(model, label, path)`` of one ``--schedule MODEL:LABEL=FILE`` option."""
+    head, eq, path = spec.partition("=")
+    m, colon, label = head.partition(":")
+    if not (eq and colon and m and path and label.isidentifier()):
+        raise SystemExit(f"--schedule {spec!r}: expected MODEL:LABEL=FILE, LABEL a name (letters, digits, _)")
+    return m, label, path
+
+
 def schedule_files(specs: list[str], model: str, graph) -> list[tuple[str, Any]]:
     """The ``--schedule MODEL:LABEL=FILE`` schedules of ``model``: ``(label, Schedule)``, each validated against the
     model's graph (a schedule of another model, or one that misses or repeats a unit, is refused by name)."""
@@ -278,10 +287,7 @@ def schedule_files(specs: list[str], model: str, graph) -> list[tuple[str, Any]]
 
     out = []
     for spec in specs:
-        head, eq, path = spec.partition("=")
-        m, colon, label = head.partition(":")
-        if not (eq and colon and m and path and label.isidentifier()):
-            raise SystemExit(f"--schedule {spec!r}: expected MODEL:LABEL=FILE, LABEL a name (letters, digits, _)")
+        m, label, path = _schedule_spec(spec)
         if m != model:
             continue
         try:
@@ -597,10 +603,6 @@ def cmd_build(args) -> int:
     from tvm_interop.models import list_models
 
     ctx = _context(args)
-    os.makedirs(os.path.join(ctx.out, "libs"), exist_ok=True)
-    if not args.no_kit:
-        _runtime_kit(ctx.out, log)
-    manifest = _manifest(ctx)
     names = list_models() if args.models == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
     tuned = _model_paths(args.tuned, names, "--tuned", os.path.isdir,
                          "MODEL=DIR with an existing tuning database")
@@ -613,6 +615,15 @@ def cmd_build(args) -> int:
     with_splitk = _model_list(args.splitk, names, "--splitk")
     if with_splitk and not ctx.gpu:
         raise SystemExit("gpu_check build: --splitk schedules CUDA kernels: they need a CUDA target")
+    # every option is checked before the first model builds: a full build takes tens of minutes, and a typo in an
+    # option that matters only late (a dependency-mode variant, a schedule file) must not cost them
+    _waits(ctx, "dependency")
+    for spec in args.schedule:
+        _schedule_spec(spec)
+    os.makedirs(os.path.join(ctx.out, "libs"), exist_ok=True)
+    if not args.no_kit:
+        _runtime_kit(ctx.out, log)
+    manifest = _manifest(ctx)
     for name in names:
         manifest["models"].append(build_model(ctx, name, unit_bundle=name in with_bundle))
         if name in tuned:

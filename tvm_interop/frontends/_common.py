@@ -4,15 +4,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tvm_interop.runtime.errors import UnsupportedModelError
+from tvm_interop.runtime.errors import MissingDependencyError, UnsupportedModelError
 
 
 def require(module: str, extra: str, what: str) -> Any:
-    """Import an optional dependency, or raise an ImportError that names the extra to install."""
+    """Import an optional dependency, or raise a ``MissingDependencyError`` (an ImportError) that names the extra
+    to install."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependencyError(
             f"{what} needs the optional package '{module}', which is not installed "
             f"({err}). Install it with: pip install tvm-interop[{extra}]"
         ) from err

@@ -6,11 +6,16 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tvm_interop.runtime.errors import InputError, UnsupportedModelError
+from tvm_interop.runtime.errors import InputError, MissingFileError, UnsupportedModelError
 
 from ._common import check_static_inputs, for_inference, require
 
 _DIM_HELP = "pass shape_dict={{'{inp}': [...]}} with a static shape"
+
+
+def _check_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise MissingFileError(f"ONNX model file not found: {path}")
 
 
 def _load(onnx, model_or_path) -> tuple[Any, str]:
@@ -25,8 +30,7 @@ def _load(onnx, model_or_path) -> tuple[Any, str]:
             raise UnsupportedModelError(f"the given bytes are not a valid ONNX model: {err}") from err
     if isinstance(model_or_path, (str, os.PathLike)):
         path = os.fspath(model_or_path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"ONNX model file not found: {path}")
+        _check_file(path)
         try:
             model = onnx.load(path)
         except Exception as err:
@@ -124,12 +128,14 @@ def from_onnx(
 
     Raises
     ------
-    ImportError: the ``onnx`` package is missing (``pip install tvm-interop[onnx]``).
-    FileNotFoundError: the path does not exist.
+    MissingDependencyError: the ``onnx`` package is missing (``pip install tvm-interop[onnx]``; an ImportError).
+    MissingFileError: the path does not exist (a ``FileNotFoundError`` and an ``InteropError``).
     runtime.errors.UnsupportedModelError: the file does not parse, an operator cannot be converted, an input
         has a dynamic dimension that ``shape_dict`` does not fix, or TVM's importer fails.
     runtime.errors.InputError: ``shape_dict`` names something that is not a model input.
     """
+    if isinstance(model_or_path, (str, os.PathLike)):
+        _check_file(os.fspath(model_or_path))       # a missing file is named even where onnx is not installed
     onnx = require("onnx", "onnx", "tvm_interop.frontends.from_onnx")
     model, source = _load(onnx, model_or_path)
     shapes = _resolve_shapes(model, shape_dict, source)
