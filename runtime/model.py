@@ -23,7 +23,7 @@ from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda
                    ensure_cuda_runtime,
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
-from .plan import ExecutionPlan
+from .plan import ExecutionPlan, check_run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -226,14 +226,7 @@ class ScheduledModel:
         return self._threads
 
     def _check_inputs(self, inputs: Sequence) -> None:
-        spec = self.plan.inputs
-        if len(inputs) != len(spec):
-            raise InputError(f"model takes {len(spec)} input(s) ({', '.join(s['name'] for s in spec)}), got {len(inputs)}")
-        for x, s in zip(inputs, spec):
-            if tuple(x.shape) != tuple(s["shape"]) or str(x.dtype) != s["dtype"]:
-                raise InputError(
-                    f"input {s['name']!r} must be {s['dtype']}{list(s['shape'])}, got {x.dtype}{list(x.shape)} "
-                    "(the model was compiled for fixed shapes and batch size)")
+        check_run_inputs(self.plan.inputs, inputs)
 
     def run(self, *inputs, numpy: bool = True):
         """Run once on numpy arrays (or TVM tensors); returns numpy array(s). On a GPU, a library with candidate
@@ -284,6 +277,9 @@ class ScheduledModel:
     def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
         """Median / mean / min latency in seconds over ``repeat`` runs after ``warmup`` runs (a pending
         candidate pick happens before, untimed)."""
+        if not (isinstance(repeat, int) and repeat >= 1 and isinstance(warmup, int) and warmup >= 0):
+            raise InputError(f"benchmark needs an integer repeat >= 1 and warmup >= 0, got repeat={repeat!r}, "
+                             f"warmup={warmup!r}")
         if self._executor_name == "vm":
             self._check_inputs(inputs)
             self._maybe_pick(inputs)
@@ -345,6 +341,9 @@ def export_library(library, path: str, **export_options) -> None:
     from . import atomic
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ExportError(f"cannot export the model to {path}: it is a directory; give a file path, e.g. "
+                          f"{os.path.join(path, 'model.so')}")
     try:
         with atomic.atomic_path(path, suffix=".so") as tmp:
             library.export_library(tmp, **export_options)

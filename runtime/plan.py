@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .errors import ExportError
+from .errors import ExportError, InputError
 
 PLAN_FORMAT = "tvm-interop-plan"
 PLAN_VERSION = 1
@@ -143,6 +143,23 @@ class ExecutionPlan:
             output_is_tuple=bool(d.get("output_is_tuple")),
             meta=d.get("meta", {}),
         )
+
+
+def check_run_inputs(spec: list[dict], inputs) -> None:
+    """Refuse inputs that do not match the plan's input spec (count, array-ness, dtype, shape) with one message
+    naming the input. Why here: both executors (the VM and the worker threads) take the same inputs, and a wrong
+    one would otherwise fail deep in a kernel call, or be read as if it had the compiled shape."""
+    if len(inputs) != len(spec):
+        raise InputError(f"model takes {len(spec)} input(s) ({', '.join(s['name'] for s in spec)}), got {len(inputs)}")
+    for x, s in zip(inputs, spec):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            hint = " (pass the arrays as separate arguments: run(*arrays))" if isinstance(x, (list, tuple)) else ""
+            raise InputError(f"input {s['name']!r} must be a numpy array or a TVM tensor, got "
+                             f"{type(x).__name__}{hint}")
+        if tuple(x.shape) != tuple(s["shape"]) or str(x.dtype) != s["dtype"]:
+            raise InputError(
+                f"input {s['name']!r} must be {s['dtype']}{list(s['shape'])}, got {x.dtype}{list(x.shape)} "
+                "(the model was compiled for fixed shapes and batch size)")
 
 
 def _nbytes(shape, dtype: str) -> int:

@@ -19,8 +19,8 @@ import queue
 import threading
 from typing import Callable, Sequence
 
-from .errors import InputError, InteropError
-from .plan import ExecutionPlan
+from .errors import InteropError
+from .plan import ExecutionPlan, check_run_inputs
 
 # Must happen before the first parallel kernel starts a TVM thread pool.
 os.environ.setdefault("TVM_BIND_THREADS", "0")
@@ -169,19 +169,9 @@ class ThreadExecutor:
 
     # ------------------------------------------------------------------ inputs / outputs
     def _check_inputs(self, inputs: Sequence) -> list:
-        spec = self.plan.inputs
-        if len(inputs) != len(spec):
-            names = ", ".join(s["name"] for s in spec)
-            raise InputError(f"model takes {len(spec)} input(s) ({names}), got {len(inputs)}")
+        check_run_inputs(self.plan.inputs, inputs)
         out = []
-        for x, s in zip(inputs, spec):
-            shape = tuple(x.shape)
-            dtype = str(x.dtype)
-            if shape != tuple(s["shape"]) or dtype != s["dtype"]:
-                raise InputError(
-                    f"input {s['name']!r} must be {s['dtype']}{list(s['shape'])}, got {dtype}{list(shape)} "
-                    "(the model was compiled for fixed shapes and batch size)"
-                )
+        for x in inputs:
             out.append(x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), self.device))
         return out
 

@@ -111,6 +111,22 @@ def test_wrong_inputs_are_refused(compiled):
     vm = ScheduledModel(cm.runner.library, executor="vm")
     with pytest.raises(InputError):
         vm.run(np.zeros((1, 8, 16, 16), "float64"))
+    # a list of arrays where the arrays belong: named, with the fix (both executors share the check)
+    good = np.zeros((1, 8, 16, 16), "float32")
+    for model in (cm, vm):
+        with pytest.raises(InputError, match=r"'data' must be a numpy array or a TVM tensor, got list.*run\(\*arrays\)"):
+            model.run([good])
+    with pytest.raises(InputError, match="repeat >= 1"):
+        vm.benchmark(good, repeat=0)
+    vm.close()
+
+
+def test_export_to_a_directory_is_refused_by_name(compiled, tmp_path):
+    from tvm_interop.runtime.errors import ExportError
+
+    with pytest.raises(ExportError, match=f"{tmp_path}: it is a directory.*model.so"):
+        compiled[("greedy", "stage")].export(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_schedule_file_applies_to_its_model_only(compiled, branchy_model, tmp_path, branchy_input,
