@@ -24,6 +24,7 @@ from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
 from .plan import ExecutionPlan, check_run_inputs
+from .tvm_log import quiet_scope_lines
 
 log = logging.getLogger(__name__)
 
@@ -345,12 +346,20 @@ def export_library(library, path: str, **export_options) -> None:
         raise ExportError(f"cannot export the model to {path}: it is a directory; give a file path, e.g. "
                           f"{os.path.join(path, 'model.so')}")
     try:
-        with atomic.atomic_path(path, suffix=".so") as tmp:
+        with atomic.atomic_path(path, suffix=".so") as tmp, quiet_scope_lines():
             library.export_library(tmp, **export_options)
     except InteropError:
         raise
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"could not export the model to {path}: {e}") from None
+
+
+def load_tvm_module(path: str):
+    """``tvm.runtime.load_module(path)`` without TVM's per-scope debug lines (``runtime.tvm_log``)."""
+    import tvm
+
+    with quiet_scope_lines():
+        return tvm.runtime.load_module(path)
 
 
 def _library_device(lib) -> str:
@@ -398,13 +407,13 @@ def load(path: str, device: str | None = None, executor: str | None = None, mode
     if not os.path.exists(path):
         raise ExportError(f"{path}: no such file")
     try:
-        lib = tvm.runtime.load_module(path)
+        lib = load_tvm_module(path)
     except Exception as e:  # noqa: BLE001
         if not is_cuda_loader_error(e):
             raise ExportError(f"{path}: not a loadable TVM library ({str(e).splitlines()[0] if str(e) else e})") from None
         ensure_cuda_runtime()  # raises DeviceError when TVM's CUDA runtime (driver, GPU) is missing
         try:
-            lib = tvm.runtime.load_module(path)
+            lib = load_tvm_module(path)
         except Exception as e2:  # noqa: BLE001
             raise ExportError(f"{path}: cannot load ({str(e2).splitlines()[0] if str(e2) else e2})") from None
     kind = device or _library_device(lib)

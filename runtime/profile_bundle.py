@@ -139,10 +139,10 @@ def measure_plan(plan: dict, lib_path: str, device: str | None = None, method: s
     dev = check_cuda_device(0) if kind == "cuda" else tvm.cpu(0)
     if kind == "cuda":
         _check_cuda_binaries(plan, lib_path, dev)
-    from .model import kernel_library
+    from .model import kernel_library, load_tvm_module
 
     try:
-        lib = tvm.runtime.load_module(lib_path)
+        lib = load_tvm_module(lib_path)
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"{lib_path}: cannot load ({str(e).splitlines()[0] if str(e) else e})") from None
     if any("params" in spec for spec in plan.get("units", {}).values()):

@@ -168,9 +168,11 @@ def run_probe(d: str, spec: dict, dev, sync, repeat: int = 50, warmup: int = 5) 
     import tvm
     from tvm.runtime import vm as rvm
 
+    from tvm_interop.runtime.model import load_tvm_module
+
     from .device import library_path
 
-    vm = rvm.VirtualMachine(tvm.runtime.load_module(library_path(d, spec["library"])), dev)
+    vm = rvm.VirtualMachine(load_tvm_module(library_path(d, spec["library"])), dev)
     handles = vm["probe_streams"]()
     stream_sync = tvm.get_global_func("runtime.Device_StreamSync")
 

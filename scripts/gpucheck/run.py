@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from tvm_interop.runtime.errors import DeviceError
+from tvm_interop.runtime.model import load_tvm_module
 
 from .common import derive_weights
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
@@ -60,7 +61,7 @@ class Variants:
 
         lib = var["library"]
         if lib not in self.vms:
-            self.vms[lib] = rvm.VirtualMachine(tvm.runtime.load_module(library_path(self.dir, lib)), self.dev)
+            self.vms[lib] = rvm.VirtualMachine(load_tvm_module(library_path(self.dir, lib)), self.dev)
         vm = self.vms[lib]
         extra = []
         if var.get("streams"):
