@@ -248,7 +248,7 @@ def test_ios_merges_under_sim_cost_end_to_end(model, x, reference):
     sched = schedule_graph(graph, "ios", "sim:cpu")
     if not any(s.strategy == MERGE for s in sched.stages):
         pytest.skip("ios chose no merge stage under sim:cpu")
-    cm = tvm_interop.compile(model, scheduler="ios", cost="sim:cpu")
+    cm = tvm_interop.compile(model, scheduler="ios", cost="sim:cpu", guard=False)   # the merges, not the guard
     assert any(s.strategy == MERGE for s in cm.schedule.stages)
     assert any(c.func.endswith("_merged") for c in cm.plan.calls)
     np.testing.assert_allclose(cm.run(x), reference, **TOL)

@@ -168,8 +168,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``"llvm -mcpu=<cpu>"``, ``"cuda"`` / ``"cuda -arch=sm_90"`` / a dict / a Target (CUDA builds need nvcc, not a
     GPU; the default arch is sm_90).
     ``guard`` (CPU): ``None`` (default) ships sequential when the cost model predicts the schedule slower (no
-    timing needed) and otherwise times the schedule against sequential, the faster one ships; ``True`` always
-    times; ``False`` ships what the scheduler found, unchecked. ``schedule.search["shipped_because"]`` says why. ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
+    timing needed) and otherwise times the schedule against sequential, the faster one ships (a ``schedule``
+    given by the caller ships as given); ``True`` always times; ``False`` ships what the scheduler found,
+    unchecked. ``schedule.search["shipped_because"]`` says why. ``cuda_graph`` (CUDA only, default True): also build the CUDA-graph variant.
     ``cuda_arch``: the GPU arches whose binaries the library carries (``"sm_80,sm_90"``; default: the target's
     arch, ``cuda -arch=sm_80,sm_90`` also works); a GPU of another arch is refused at load with a clear error.
     ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
@@ -349,13 +350,15 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if cost_model is not None:
             cost_model.close()
     # guard=False: ship what the scheduler found, unchecked. guard=None (default) on a CPU: a schedule the cost
-    # model already predicts slower ships sequential without a build; any other schedule is timed against
+    # model already predicts slower ships sequential without a build; any other searched schedule is timed against
     # sequential on the executors they ship with, because a prediction does not know the executors: on this
     # project's 2-core machine the default `tvm-interop compile inception_v3` (greedy, sim:cpu, predicted 1.34x
-    # faster) ran 2.0-2.4x slower than sequential on the worker threads (2026-11-27), and only a timing sees that
+    # faster) ran 2.0-2.4x slower than sequential on the worker threads (2026-11-27), and only a timing sees that.
+    # A schedule the caller gives (schedule=) is the caller's choice: timed only with guard=True, a timed cost or
+    # a fleet, as before
     predicted_guard = guard is None and not measured and fleet is None
     if guard is None:
-        guard = True
+        guard = schedule is None or measured or fleet is not None
     if device_kind == "cpu" and predicted_guard and schedule is None:
         sched = _unless_predicted_slower(sched, base_program.graph, model_name, batch_size)
         if sched.scheduler == "sequential":   # the unrewritten model's sequential program ships

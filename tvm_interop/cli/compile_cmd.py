@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--guard", default="auto", choices=["auto", "on", "off"],
                    help="CPU: never ship a schedule slower than sequential. auto (default): sequential ships when "
                         "the cost model predicts the schedule slower, else the schedule is timed against sequential "
-                        "and the faster ships; on: always timed; off: ship what the scheduler found")
+                        "and the faster ships (a --schedule file ships as given); on: always timed; off: ship what "
+                        "the scheduler found")
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
