@@ -12,6 +12,7 @@ contract. Two executors share one library:
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import time
 from typing import Sequence
@@ -278,7 +279,7 @@ class ScheduledModel:
     def benchmark(self, *inputs, repeat: int = 20, warmup: int = 3) -> dict:
         """Median / mean / min latency in seconds over ``repeat`` runs after ``warmup`` runs (a pending
         candidate pick happens before, untimed)."""
-        if not (isinstance(repeat, int) and repeat >= 1 and isinstance(warmup, int) and warmup >= 0):
+        if not (_is_count(repeat) and repeat >= 1 and _is_count(warmup) and warmup >= 0):
             raise InputError(f"benchmark needs an integer repeat >= 1 and warmup >= 0, got repeat={repeat!r}, "
                              f"warmup={warmup!r}")
         if self._executor_name == "vm":
@@ -352,6 +353,11 @@ def export_library(library, path: str, **export_options) -> None:
         raise
     except Exception as e:  # noqa: BLE001
         raise ExportError(f"could not export the model to {path}: {e}") from None
+
+
+def _is_count(v) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def load_tvm_module(path: str):

@@ -118,6 +118,7 @@ def test_wrong_inputs_are_refused(compiled):
             model.run([good])
     with pytest.raises(InputError, match="repeat >= 1"):
         vm.benchmark(good, repeat=0)
+    assert vm.benchmark(good, repeat=np.int64(2), warmup=np.int64(0))["repeat"] == 2   # numpy counts are counts
     vm.close()
 
 
