@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .device import RemoteDevice
 from .pool import Fleet
 from .tracker import FleetError
-from tvm_interop.runtime.tvm_log import quiet_scope_lines
+from tvm_interop.runtime.model import export_library
 
 
 @dataclass
@@ -45,8 +45,7 @@ def compare_libraries_on_fleet(fleet: Fleet, runs: dict, repeat: int = 15, warmu
         for k, (library, plan) in runs.items():
             if id(library) not in exported:
                 path = os.path.join(tmp, f"model{len(exported)}.so")
-                with quiet_scope_lines():
-                    library.export_library(path)
+                export_library(library, path)
                 exported[id(library)] = path
             files[k] = (exported[id(library)], plan.dumps())
         job = _PlansJob(files, {"repeat": repeat, "warmup": warmup, "seed": seed}, fleet.options.call_timeout)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_interop.runtime import atomic
-from tvm_interop.runtime.tvm_log import quiet_scope_lines
+from tvm_interop.runtime.model import export_library
 
 from .common import CARRY_LIMIT, FUNC, WAVE
 from .device import SOURCE_FORMATS, cuda_kernel_formats
@@ -86,8 +86,7 @@ def _export_xz(ex, path: str, arches: list[str] | None = None, addons: list[str]
 
         export_cuda_library(ex, path, arches, addons=addons or None)
     else:
-        with quiet_scope_lines():
-            ex.export_library(path, **({"addons": addons} if addons else {}))
+        export_library(ex, path, **({"addons": addons} if addons else {}))
     formats = cuda_kernel_formats(path)
     if arches and any(f in SOURCE_FORMATS for f in formats):
         raise RuntimeError(f"{path}: the export holds CUDA source, which the GPU machine cannot load without TVM's "
