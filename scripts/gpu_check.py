@@ -174,8 +174,9 @@ def main(argv=None) -> int:
     g.add_argument("--models", default=None)
     g.add_argument("--serialized", action="store_true", help=argparse.SUPPRESS)
     g.set_defaults(func=cmd_diagnose)
-    q = sub.add_parser("report", help="here: docs/gpu_check.json + .md from a run's JSON")
-    q.add_argument("result")
+    q = sub.add_parser("report", help="here: docs/gpu_check.json + .md from a run's JSON (or several runs' of "
+                                      "one build on one device, split by --models: one report)")
+    q.add_argument("result", nargs="+")
     q.add_argument("--name", default="gpu_check",
                    help="docs/NAME.json + .md (default gpu_check; another name keeps an earlier run's report)")
     q.set_defaults(func=cmd_report)

@@ -52,6 +52,7 @@
 #      nvcc or "not found", TVM, Python, PyTorch) and that only TVM's runtime was used (`runtime_only`).
 #   3. here:
 #        scripts/gpu_check.sh report <files_at>/gpu_check.json      # -> docs/gpu_check.json, docs/gpu_check.md
+#      (a run split into calls by --models: name each call's gpu_check.json, in order; one report)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
@@ -117,7 +118,7 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | profile-round BUNDLE_DIR | report RESULT.json [--name N]" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | profile-round BUNDLE_DIR | report RESULT.json [MORE.json ...] [--name N]" >&2
     exit 2
     ;;
 esac

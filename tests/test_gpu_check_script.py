@@ -440,6 +440,34 @@ def test_report_prices_one_reused_event():
     assert "Reused events" in gcreport.render_markdown({"models": [model]})
 
 
+def test_report_merges_the_runs_of_one_build():
+    """A full run split into device calls by --models makes one report: the later runs' models appended, a
+    probe taken where the first run has none; runs of another device or build, or repeating a model, are refused
+    by name (their numbers do not belong in one table)."""
+    from gpucheck import report as gcreport
+
+    def run(models, device="NVIDIA H100 80GB HBM3", probe=None, compiler=False):
+        return {"device": device, "compute_version": "9.0", "tvm": "0.27.0.post1", "repeat": 100, "warmup": 10,
+                "timing": "median", "build": {"built_from": "abc"}, "probe": probe,
+                "runtime_only": {"tvm_compiler_loaded": compiler, "compiler_modules": []},
+                "models": [{"name": n, "units": 1, "image_size": 8,
+                            "variants": [{"name": "plain TVM", "median_ms": 1.0, "ok": True}]} for n in models]}
+
+    first, second = run(["inception_v3", "googlenet"]), run(["randwire"], probe={"launch_us": 2.0})
+    merged = gcreport.merge_results([first, second])
+    assert [m["name"] for m in merged["models"]] == ["inception_v3", "googlenet", "randwire"]
+    assert merged["probe"] == {"launch_us": 2.0} and merged["merged_runs"] == 2
+    assert [m["name"] for m in first["models"]] == ["inception_v3", "googlenet"]   # inputs left as they were
+    assert "from 2 run calls" in gcreport.render_markdown(merged)
+    assert gcreport.merge_results([first]) == first   # one run: the report as before
+    assert gcreport.merge_results([first, run(["squeezenet"], compiler=True)])["runtime_only"][
+        "tvm_compiler_loaded"] is True
+    with pytest.raises(ValueError, match="'device'.*NVIDIA H200"):
+        gcreport.merge_results([first, run(["randwire"], device="NVIDIA H200")])
+    with pytest.raises(ValueError, match="repeats model 'googlenet'"):
+        gcreport.merge_results([first, run(["googlenet"])])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA build needs nvcc")
 def test_cuda_build_with_split_reduction_kernels(tmp_path):

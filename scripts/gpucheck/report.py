@@ -68,7 +68,9 @@ def render_markdown(result: dict) -> str:
         f"{b.get('max_streams')} streams; built from {b.get('built_from') or 'an unrecorded revision'}"
         f"{' at ' + b['built_at'] if b.get('built_at') else ''}).",
         f"Latency: {result.get('timing')} of {result.get('repeat')} runs after {result.get('warmup')} warm-up runs. "
-        "Correctness: outputs compared with plain TVM's direct build on the same GPU.",
+        "Correctness: outputs compared with plain TVM's direct build on the same GPU."
+        + (f" The models come from {result['merged_runs']} run calls of this build on this device."
+           if result.get("merged_runs") else ""),
         "",
         "Produced by `scripts/gpu_check.sh` (build here, run on the GPU machine with TVM's runtime only).",
         "",
@@ -301,9 +303,51 @@ def _in_context_table(m: dict) -> list[str]:
     return out + ([f"Not timed: {'; '.join(failed)}", ""] if failed else [])
 
 
+# what two runs must share for their models to sit in one report: the same device and the same build
+_SAME_RUN_KEYS = ("device", "compute_version", "tvm", "repeat", "warmup", "timing", "build")
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One report from several ``run`` calls of the same build on the same device (the device tool's 600 s per
+    call splits a full run into calls by ``--models``): the first result with the later ones' models appended
+    (and a probe, where the first has none). Runs that differ in device, build or timing are refused with the
+    difference named: their numbers are not comparable in one table."""
+    merged = json.loads(json.dumps(results[0]))
+    names = {m["name"] for m in merged.get("models", [])}
+    for i, other in enumerate(results[1:], start=2):
+        for key in _SAME_RUN_KEYS:
+            if other.get(key) != merged.get(key):
+                raise ValueError(f"result {i} differs from result 1 in {key!r} ({other.get(key)!r} vs "
+                                 f"{merged.get(key)!r}): report them separately (--name)")
+        for m in other.get("models", []):
+            if m["name"] in names:
+                raise ValueError(f"result {i} repeats model {m['name']!r}: each model belongs to one run")
+            names.add(m["name"])
+            merged["models"].append(m)
+        if not merged.get("probe") and other.get("probe"):
+            merged["probe"] = other["probe"]
+        ro, ro2 = merged.get("runtime_only"), other.get("runtime_only")
+        if ro and ro2:   # runtime-only holds for the report only if it held for every run
+            merged["runtime_only"] = {
+                "tvm_compiler_loaded": bool(ro.get("tvm_compiler_loaded") or ro2.get("tvm_compiler_loaded")),
+                "compiler_modules": sorted(set(ro.get("compiler_modules") or []) | set(ro2.get("compiler_modules") or []))}
+        elif ro2 is None:
+            merged.pop("runtime_only", None)
+    if len(results) > 1:
+        merged["merged_runs"] = len(results)
+    return merged
+
+
 def cmd_report(args) -> int:
-    with open(args.result, encoding="utf-8") as f:
-        result = json.load(f)
+    results = []
+    for path in args.result:
+        with open(path, encoding="utf-8") as f:
+            results.append(json.load(f))
+    try:
+        result = merge_results(results)
+    except ValueError as e:
+        print(f"gpu_check report: {e}")
+        return 2
     docs = os.path.join(REPO, "docs")
     os.makedirs(docs, exist_ok=True)
     name = getattr(args, "name", None) or "gpu_check"
