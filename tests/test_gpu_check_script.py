@@ -599,6 +599,16 @@ def test_engines_pass_picks_its_variants_and_is_reported_and_counted():
     assert "| sequential + CUDA graph [measured cuDNN engines] | 4.900 | 3.800 | 1.29x | ok (1.0e-06) |" in md
     assert "2 convolution shapes; a graph engine chosen for 1;" in md and "legacy 60 us, chosen 45 us (1.33x)" in md
     assert "| x [1, 64, 35, 35] w [96, 64, 3, 3]" in md and "3 TF32 engine(s)" in md
+    # the measured default (2026-11-27 on): the pass re-times under legacy; the speed-up still reads legacy/measured
+    measured_main = [{**v, "first_call_ms": 812.5} if v["name"] == "sequential" else v for v in legacy]
+    legacy_rows = [{"name": "sequential [legacy cuDNN engines]", "median_ms": 6.0, "ok": True, "max_abs_err": 0.0}]
+    md2 = gcreport.render_markdown({"models": [{**model, "variants": measured_main, "cudnn_engines": {
+        "policy": "legacy", "default_policy": "measured", "variants": legacy_rows, **summary}}]})
+    assert "Legacy cuDNN engines (`TVM_INTEROP_CUDNN_ENGINES=legacy`" in md2
+    assert "| variant | measured ms | legacy ms | measured over legacy | output |" in md2
+    assert "| sequential [legacy cuDNN engines] | 5.000 | 6.000 | 1.20x | ok (0.0e+00) |" in md2
+    assert "First call of `sequential` (measured engines; handles, workspaces and the engine choice per shape): " \
+           "812.5 ms, then 5.000 ms per call." in md2
     failed = gcreport.render_markdown({"models": [{**model, "cudnn_engines": {"error": "RuntimeError: boom"}}]})
     assert "Measured cuDNN engines: the pass failed: RuntimeError: boom" in failed
 
@@ -609,10 +619,13 @@ def test_engines_pass_picks_its_variants_and_is_reported_and_counted():
     assert seq["variant"] == "sequential + CUDA graph" + ENGINES_SUFFIX and seq["met"]   # 3.8 / 4.0
 
 
-def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch):
-    """``run_engines`` sets the measured policy for its variants only, checks each against plain TVM, and sets the
-    policy back, also when a variant fails. The programs here are numpy stand-ins for the loaded libraries (the
-    pass's bookkeeping is what is tested; the engines themselves need a GPU)."""
+@pytest.mark.parametrize("default", ["legacy", "measured"])
+def test_engines_pass_runs_under_the_other_policy_and_restores_it(monkeypatch, default):
+    """``run_engines`` sets the policy the library does not run by default (measured against a legacy default,
+    legacy against the measured default of 2026-11-27) for its variants only, checks each against plain TVM, and
+    sets the policy back, also when a variant fails; the per-shape choices come from whichever pass ran measured.
+    The programs here are numpy stand-ins for the loaded libraries (the pass's bookkeeping is what is tested; the
+    engines themselves need a GPU)."""
     import types
 
     import numpy as np
@@ -621,7 +634,8 @@ def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch
     from gpucheck import run as gcrun
     from tvm_interop.runtime import native_libs
 
-    policy = ["legacy"]
+    policy = [default]
+    other = "legacy" if default == "measured" else "measured"
     seen = []
 
     def set_policy(p=None):
@@ -654,16 +668,24 @@ def test_engines_pass_runs_under_the_measured_policy_and_restores_it(monkeypatch
                         lambda reset=False: {"policy": policy[0], "choices": []})
     names = ["plain TVM", "sequential", "sequential + CUDA graph", "ios"]
     entry = {"name": "m+cudnn", "variants": [{"name": n} for n in names]}
-    model = {"variants": [{"name": n, "ok": True, "median_ms": 1.0} for n in names]}
+    main_choices = {"shapes": [{"shape": "x", "chosen": "graph engine 7 (fused)", "legacy_us": 4.0,
+                                "chosen_us": 3.0, "tried": [], "dropped": []}],
+                    "graph_chosen": 1, "legacy_us": 4.0, "chosen_us": 3.0, "dropped": {}}
+    model = {"variants": [{"name": n, "ok": True, "median_ms": 1.0} for n in names],
+             **({"cudnn_choices": main_choices} if default == "measured" else {})}
     args = types.SimpleNamespace(dir="unused", warmup=1, repeat=2)
     out = gcrun.run_engines(args, {"seed": 0}, entry, model, types.SimpleNamespace(sync=lambda: None))
-    assert {p for n, p in seen if n != "closed"} == {"measured"} and seen[-1] == ("closed", "legacy")
-    assert policy == ["legacy"]
+    assert {p for n, p in seen if n != "closed"} == {other} and seen[-1] == ("closed", default)
+    assert policy == [default] and out["policy"] == other and out["default_policy"] == default
     recs = {r["name"]: r for r in out["variants"]}
-    assert recs["sequential [measured cuDNN engines]"]["ok"] is True
-    assert recs["sequential + CUDA graph [measured cuDNN engines]"]["ok"] is False      # computed 2, not 1
-    assert "cudnnBackendExecute failed" in recs["ios [measured cuDNN engines]"]["error"]
-    assert out["shapes"] == [] and out["graph_chosen"] == 0
+    assert recs[f"sequential [{other} cuDNN engines]"]["ok"] is True
+    assert recs[f"sequential + CUDA graph [{other} cuDNN engines]"]["ok"] is False      # computed 2, not 1
+    assert "cudnnBackendExecute failed" in recs[f"ios [{other} cuDNN engines]"]["error"]
+    assert recs[f"sequential [{other} cuDNN engines]"]["first_call_ms"] >= 0
+    if default == "legacy":      # the choices of this pass: none made by the stand-ins
+        assert out["shapes"] == [] and out["graph_chosen"] == 0
+    else:                        # the main pass ran the measured engines: its choices are the report's
+        assert out["shapes"] == main_choices["shapes"] and out["graph_chosen"] == 1
 
 
 def test_kernel_profiles_are_summarised_and_reported():

@@ -271,11 +271,13 @@ def test_stream_holds_refuse_bad_calls(loaded):
 
 
 def test_cudnn_engine_policy_is_validated_and_switchable(loaded):
-    """The cuDNN engine policy (``legacy`` by default; ``measured``: graph-API engines and the legacy path timed
-    per convolution shape): set and read back, process-wide; anything else refused naming both, by the Python
-    helper and by the native function itself. Nothing ran here, so no shape has a choice."""
+    """The cuDNN engine policy (``measured`` by default: graph-API engines and the legacy path timed per
+    convolution shape; ``legacy``: cudnnFind alone): set and read back, process-wide; anything else refused naming
+    both, by the Python helper and by the native function itself. Nothing ran here, so no shape has a choice."""
     initial = native_libs.cudnn_engine_policy()
     assert initial in native_libs.CUDNN_ENGINE_POLICIES
+    if not os.environ.get("TVM_INTEROP_CUDNN_ENGINES"):
+        assert initial == "measured"
     try:
         assert native_libs.cudnn_engine_policy("measured") == initial
         assert native_libs.cudnn_engine_policy() == "measured"

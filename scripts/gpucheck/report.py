@@ -128,26 +128,41 @@ def _library_host_table(m: dict) -> list[str]:
             "| variant | function | calls | ours us | library us |", "|---|---|---:|---:|---:|", *rows, ""]
 
 
+_POLICY_TEXT = {"measured": "per convolution shape, cuDNN's graph-API engines and the legacy path timed on the "
+                           "call's buffers, the fastest kept",
+                "legacy": "per convolution shape, the fastest of cuDNN's legacy algorithms (`cudnnFind`)"}
+
+
 def _cudnn_engines_lines(m: dict, top: int = 8) -> list[str]:
-    """The engines pass (``run_engines``): each re-timed variant against its legacy-pass time, then per
-    convolution shape what the measured policy chose (the largest savings first) and why candidates dropped out."""
+    """The engines pass (``run_engines``): each variant re-timed under the engine policy the library does not run by
+    default, set against its main-pass time, then per convolution shape what the measured policy chose (the
+    largest savings first) and why candidates dropped out. A pass from before 2026-11-27 has no policy fields: it
+    was the measured policy against a legacy default."""
     ce = m.get("cudnn_engines")
     if not ce:
         return []
+    policy, default = ce.get("policy", "measured"), ce.get("default_policy") or "legacy"
     if "error" in ce:
-        return [f"Measured cuDNN engines: the pass failed: {ce['error']}", ""]
-    legacy = {v["name"]: v for v in m.get("variants", [])}
-    lines = ["Measured cuDNN engines (`TVM_INTEROP_CUDNN_ENGINES=measured`: per convolution shape, cuDNN's graph-API "
-             "engines and the legacy path timed on the call's buffers, the fastest kept), against the legacy pass:",
-             "", "| variant | legacy ms | measured engines ms | speed-up | output |", "|---|---:|---:|---:|---|"]
+        return [f"{policy.capitalize()} cuDNN engines: the pass failed: {ce['error']}", ""]
+    main = {v["name"]: v for v in m.get("variants", [])}
+    lines = [f"{policy.capitalize()} cuDNN engines (`TVM_INTEROP_CUDNN_ENGINES={policy}`: {_POLICY_TEXT[policy]}), "
+             f"against the main pass ({default}, the library's default):", "",
+             f"| variant | {default} ms | {policy} ms | measured over legacy | output |", "|---|---:|---:|---:|---|"]
     for v in ce.get("variants", []):
-        base = legacy.get(v["name"].split(" [")[0], {}).get("median_ms")
+        base = main.get(v["name"].split(" [")[0], {}).get("median_ms")
         med = v.get("median_ms")
         ok = ("ok" if v.get("ok") else f"FAIL {v.get('error', '')}") if v.get("ok") is not None else "n/a"
         if v.get("ok") and "max_abs_err" in v:
             ok = f"ok ({v['max_abs_err']:.1e})"
-        lines.append(f"| {v['name']} | {base:.3f} | {med:.3f} | {base / med:.2f}x | {ok} |" if base and med else
-                     f"| {v['name']} | {base or '—'} | — | | {ok} |")
+        if base and med:
+            legacy_ms, measured_ms = (base, med) if policy == "measured" else (med, base)
+            lines.append(f"| {v['name']} | {base:.3f} | {med:.3f} | {legacy_ms / measured_ms:.2f}x | {ok} |")
+        else:
+            lines.append(f"| {v['name']} | {base or '—'} | — | | {ok} |")
+    first = main.get("sequential", {}).get("first_call_ms")
+    if first is not None and main["sequential"].get("median_ms"):
+        lines += ["", f"First call of `sequential` ({default} engines; handles, workspaces and the engine choice per "
+                      f"shape): {first:.1f} ms, then {main['sequential']['median_ms']:.3f} ms per call."]
     shapes = ce.get("shapes", [])
     saving = f"{ce['legacy_us'] / ce['chosen_us']:.2f}x" if ce.get("chosen_us") else "n/a"
     lines += ["", f"{len(shapes)} convolution shapes; a graph engine chosen for {ce.get('graph_chosen', 0)}; device "

@@ -286,7 +286,11 @@ def _check_variant(variants: Variants, var: dict, ref, is_reference: bool, args,
                                    "predicted_ms", "note", "sync", "syncs", "waits")}
     try:
         run_once = variants.call(var)
+        t0 = time.perf_counter()
         out = _to_numpy(run_once())
+        # the first call pays what a user's first inference pays: cuDNN handles, workspaces, the engine choice per
+        # convolution shape (timed runs), a CUDA graph's capture
+        rec["first_call_ms"] = (time.perf_counter() - t0) * 1e3
         ref = out if is_reference else ref
         if ref is None:
             rec.update(ok=None, note="not checked: plain TVM failed")
@@ -395,6 +399,10 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
     model = {"name": entry["name"], "units": entry["units"], "image_size": entry["image_size"], "variants": []}
     variants = Variants(args.dir, entry, manifest["seed"], dev)
     ref, calls = None, {}
+    if entry.get("library_units"):
+        from tvm_interop.runtime.native_libs import cudnn_conv_choices
+
+        cudnn_conv_choices(reset=True)   # the per-shape engine choices of this entry's main pass alone
     try:
         for i, var in enumerate(entry["variants"]):
             # the first variant is plain TVM's direct build: the reference
@@ -405,6 +413,10 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
             model["variants"].append(rec)
             _log_variant(entry["name"], rec)
         model["picked"] = _pick_per_scheduler(calls, dev.sync, args.pick_rounds)
+        if entry.get("library_units"):
+            choices = cudnn_conv_choices() or {}
+            if choices.get("policy") == "measured":   # the library's default: its choices are the shipped ones
+                model["cudnn_choices"] = engine_choice_summary(choices)
         for sname, pk in model["picked"].items():
             log(f"  {entry['name']:16s} picked for {sname}: {pk['choice']} {pk['median_ms']:.3f} ms "
                 f"({pk['speedup']:.2f}x of the best sequential; never slower: {pk['never_slower']})")
@@ -429,7 +441,17 @@ def run_model(args, manifest: dict, entry: dict, dev, with_torch: bool) -> dict:
     return model
 
 
-ENGINES_SUFFIX = " [measured cuDNN engines]"
+def engines_suffix(policy: str) -> str:
+    """The engines pass's name suffix: which cuDNN engine policy re-timed the variant."""
+    return f" [{policy} cuDNN engines]"
+
+
+ENGINES_SUFFIX = engines_suffix("measured")
+
+
+def other_policy(policy: str | None) -> str:
+    """The engine policy the engines pass compares with: the one the library does not run by default."""
+    return "legacy" if policy == "measured" else "measured"
 
 
 @contextlib.contextmanager
@@ -457,28 +479,33 @@ def _engine_variants(entry: dict, model: dict) -> list[dict]:
 
 
 def run_engines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
-    """The model's library variants again with cuDNN's measured engines (``runtime.native_libs.
-    cudnn_engine_policy("measured")``: graph-API engine configurations and the legacy path timed per convolution
-    shape, the fastest kept), each checked against plain TVM; then the per-shape choices. A pass of its own after
-    every model was measured and written: the engine search runs new cuDNN code paths, and a failure here must not
-    cost the rest of the run. The policy is set back to what it was."""
-    from tvm_interop.runtime.native_libs import cudnn_conv_choices
+    """The model's library variants again under the cuDNN engine policy the library does not run by default
+    (``runtime.native_libs.cudnn_engine_policy``; ``measured``, the default since 2026-11-27: graph-API engine
+    configurations and the legacy path timed per convolution shape, the fastest kept; ``legacy``: cudnnFind over
+    the legacy algorithms), each checked against plain TVM; then the measured policy's per-shape choices (made in
+    this pass, or in the main pass where measured is the default). A pass of its own after every model was measured
+    and written: a failure here must not cost the rest of the run. The policy is set back to what it was."""
+    from tvm_interop.runtime.native_libs import cudnn_conv_choices, cudnn_engine_policy
 
     variants = Variants(args.dir, entry, manifest["seed"], dev)
+    default = cudnn_engine_policy()
+    policy = other_policy(default)
     cudnn_conv_choices(reset=True)   # this model's shapes only in its summary (shared shapes are measured again)
     records: list[dict] = []
     try:
-        with _cudnn_policy("measured"):
+        with _cudnn_policy(policy):
             _, ref, _ = _check_variant(variants, entry["variants"][0], None, True, args, dev.sync)
             for var in _engine_variants(entry, model):
                 rec, _, _ = _check_variant(variants, var, ref, False, args, dev.sync)
-                rec["name"] += ENGINES_SUFFIX
+                rec["name"] += engines_suffix(policy)
                 records.append(rec)
                 _log_variant(entry["name"], rec)
             choices = cudnn_conv_choices() or {}
     finally:
         variants.close()
-    return {"variants": records, **engine_choice_summary(choices)}
+    summary = (engine_choice_summary(choices) if policy == "measured" else
+               model.get("cudnn_choices") or engine_choice_summary({}))
+    return {"policy": policy, "default_policy": default, "variants": records, **summary}
 
 
 def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
@@ -498,7 +525,8 @@ def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
         variants = Variants(args.dir, entry, manifest["seed"], dev)
         try:
             call = variants.call(sequential)
-            out["sequential, legacy cuDNN engines"] = profile_kernels(call, dev.sync)
+            with _cudnn_policy("legacy"):
+                out["sequential, legacy cuDNN engines"] = profile_kernels(call, dev.sync)
             with _cudnn_policy("measured"):
                 out["sequential, measured cuDNN engines"] = profile_kernels(call, dev.sync)
         finally:
@@ -633,7 +661,7 @@ def cmd_run(args) -> int:
             except Exception as e:  # noqa: BLE001 - the legacy pass is recorded; say why this one is not
                 model["cudnn_engines"] = {"error": _error_text(e)}
             ce = model["cudnn_engines"]
-            log(f"  {entry['name']:16s} measured cuDNN engines: "
+            log(f"  {entry['name']:16s} {ce.get('policy', 'measured')} cuDNN engines pass: "
                 + (ce["error"] if "error" in ce else
                    f"graph engine chosen for {ce['graph_chosen']} of {len(ce['shapes'])} shapes; per call "
                    f"{ce['legacy_us']:.0f} -> {ce['chosen_us']:.0f} us summed"))
