@@ -108,8 +108,8 @@ def speedups_over_sequential(result: dict) -> dict:
 
 
 def _with_engine_variants(m: dict) -> list[dict]:
-    """An entry's variants and those its measured-cuDNN-engines pass re-timed (a runtime policy of the same
-    library: ``TVM_INTEROP_CUDNN_ENGINES=measured``)."""
+    """An entry's variants and those its engines pass re-timed under the other cuDNN engine policy (a runtime
+    policy of the same library: ``TVM_INTEROP_CUDNN_ENGINES=legacy|measured``)."""
     return [*m.get("variants", []), *(m.get("cudnn_engines") or {}).get("variants", [])]
 
 
