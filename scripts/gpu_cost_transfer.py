@@ -31,6 +31,9 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None) -> 
     from tvm_interop.passes.schedulers import schedule_graph
 
     params = load_fitted()
+    # the placement of the variants without a suffix: a build of both ("stage-start,consumer") names the consumer
+    # twins "[waits at consumer]"; builds before the waits option had only the consumer placement
+    waits = (run.get("build", {}).get("waits") or "consumer").split(",")[0]
     rows = []
     for m in run["models"]:
         name = m["name"]
@@ -54,8 +57,7 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None) -> 
                     rec = recorded.get(label)
                     if not rec or not rec.get("median_ms") or rec.get("stages") != sched.num_stages:
                         continue
-                    pred = model.predict(program, sched, mode, graph,
-                                         waits=run.get("build", {}).get("waits") or "consumer") * 1e3
+                    pred = model.predict(program, sched, mode, graph, waits=waits) * 1e3
                     rows.append({"model": name, "variant": label, "measured_ms": rec["median_ms"],
                                  "predicted_ms": pred, "error": pred / rec["median_ms"] - 1})
     return rows

@@ -496,3 +496,33 @@ def test_shipped_fit_loads():
         assert v[k] == pytest.approx(x), k
     assert set(DEFAULT_FIT).isdisjoint(FIXED_AT)
     assert p.meta.get("fitted_on")
+
+
+def test_transfer_reads_the_wait_placement_of_a_build_of_both():
+    """``scripts/gpu_cost_transfer.py`` predicts a run's unsuffixed dependency-mode variants with the build's
+    first wait placement: a build of both (``waits: "stage-start,consumer"``, whose consumer twins carry a suffix)
+    predicts exactly what a stage-start-only build does, and differently from the consumer placement (the H100
+    SqueezeNet of 2026-11-26 and its unit table, shipped in docs/)."""
+    import copy
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    try:
+        import gpu_cost_transfer
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(root, "docs", "gpu_check.json"), encoding="utf-8") as f:
+        run = json.load(f)
+    run["models"] = [m for m in run["models"] if m["name"] == "squeezenet"]
+    units = os.path.join(root, "docs", "unit_costs_h100_2026-11-26")
+
+    def predictions(waits: str) -> dict:
+        r = copy.deepcopy(run)
+        r["build"]["waits"] = waits
+        return {row["variant"]: row["predicted_ms"] for row in gpu_cost_transfer.transfer_rows(r, units)}
+
+    both, start, consumer = predictions("stage-start,consumer"), predictions("stage-start"), predictions("consumer")
+    assert both == start and len(both) >= 8
+    assert any(both[v] != consumer[v] for v in both if "(dependency)" in v)
