@@ -122,6 +122,30 @@ def test_wrong_inputs_are_refused(compiled):
     vm.close()
 
 
+def test_vm_benchmark_copies_numpy_inputs_to_the_device_once(compiled, monkeypatch):
+    """The VM executor's benchmark times the model with its input in place: a numpy input becomes a device tensor
+    once, before the timed runs (as the candidate picker and gpu_check time it), not once per run; the result is
+    the same program's (run afterwards gives plain numbers)."""
+    import tvm
+
+    cm = compiled[("greedy", "stage")]
+    vm = ScheduledModel(cm.runner.library, executor="vm")
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype("float32")
+    copies = []
+    real = tvm.runtime.tensor
+
+    def counting(arr, *a, **k):
+        copies.append(np.shape(arr))
+        return real(arr, *a, **k)
+
+    monkeypatch.setattr(tvm.runtime, "tensor", counting)
+    stats = vm.benchmark(x, repeat=5, warmup=2)
+    assert stats["repeat"] == 5 and copies == [(1, 8, 16, 16)]
+    monkeypatch.setattr(tvm.runtime, "tensor", real)
+    np.testing.assert_allclose(vm.run(x), cm.run(x), rtol=1e-5, atol=1e-5)
+    vm.close()
+
+
 def test_export_to_a_directory_is_refused_by_name(compiled, tmp_path):
     from tvm_interop.runtime.errors import ExportError
 
