@@ -658,7 +658,7 @@ def cmd_run(args) -> int:
                 continue
             try:
                 model["cudnn_engines"] = run_engines(args, manifest, entry, model, dev)
-            except Exception as e:  # noqa: BLE001 - the legacy pass is recorded; say why this one is not
+            except Exception as e:  # noqa: BLE001 - the main pass is recorded; say why this one is not
                 model["cudnn_engines"] = {"error": _error_text(e)}
             ce = model["cudnn_engines"]
             log(f"  {entry['name']:16s} {ce.get('policy', 'measured')} cuDNN engines pass: "
