@@ -1,7 +1,7 @@
 """A cost table whose stages carry what they cost inside the programs a GPU run timed (``passes.cost.in_context``).
 
     .venv/bin/python scripts/in_context_table.py RESULT.json UNIT_TABLE.json --model inception_v3 -o costs.json
-    tvm-interop schedule inception_v3 --target cuda --cost table:costs.json -o sched.json
+    tvm-interop schedule inception_v3 --cost table:costs.json -o sched.json     (the table names its target)
 
 ``RESULT.json``: a ``gpu_check run`` result whose model entry has timed twins (``in_context`` of its direct
 stage-mode variants; ``gpu_check build`` makes them unless ``--no-stage-times``). ``UNIT_TABLE.json``: the cost table
