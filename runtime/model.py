@@ -24,7 +24,7 @@ from .cuda import (MAIN_FUNC, MAIN_GRAPH_FUNC, StreamSet, check_arch, check_cuda
                    ensure_cuda_runtime,
                    is_cuda_loader_error)
 from .errors import DeviceError, ExportError, InputError, InteropError
-from .plan import ExecutionPlan, check_run_inputs
+from .plan import ExecutionPlan, check_run_inputs, device_tensors
 from .tvm_log import quiet_scope_lines
 
 log = logging.getLogger(__name__)
@@ -235,14 +235,11 @@ class ScheduledModel:
         programs times them on the first run (``pick="auto"``) and runs the fastest from then on."""
         if self._executor_name == "threads":
             return self._thread_executor().run(*inputs, numpy=numpy)
-        import tvm
-
         self._check_inputs(inputs)
         self._maybe_pick(inputs)
         vm = self._vm_executor()
         dev = self.device()
-        args = [x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
-                for x in inputs]
+        args = device_tensors(inputs, dev)
         name, with_streams = self._entry_point(vm)
         extra = [self._streams.handles] if with_streams else []
         if name.endswith(MAIN_GRAPH_FUNC) and name not in self._warmed and self.plan.meta.get("library_units"):
@@ -286,13 +283,9 @@ class ScheduledModel:
             raise InputError(f"benchmark needs an integer repeat >= 1 and warmup >= 0, got repeat={repeat!r}, "
                              f"warmup={warmup!r}")
         if self._executor_name == "vm":
-            import tvm
-
             self._check_inputs(inputs)
             self._maybe_pick(inputs)
-            dev = self.device()
-            inputs = tuple(x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
-                           for x in inputs)
+            inputs = tuple(device_tensors(inputs, self.device()))
         times = []
         for i in range(warmup + repeat):
             t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .errors import ExportError, InteropError
+from .plan import device_tensors
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,10 @@ def _sync(model) -> None:
 
 def time_candidates(model, inputs, names: list[str], rounds: int = 10, warmup: int = 2) -> dict[str, list[float]]:
     """Seconds per run of each candidate, ``rounds`` interleaved rounds after ``warmup`` runs of each."""
-    import tvm
-
     if rounds < 1:
         raise InteropError("rounds must be >= 1")
     dev = model.device()
-    args = [x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
-            for x in inputs]
+    args = device_tensors(inputs, dev)
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:
         model.select_candidate(n)

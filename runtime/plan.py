@@ -162,6 +162,16 @@ def check_run_inputs(spec: list[dict], inputs) -> None:
                 "(the model was compiled for fixed shapes and batch size)")
 
 
+def device_tensors(inputs, dev) -> list:
+    """The inputs as TVM tensors on ``dev``: numpy arrays copied there, tensors passed through. One place for
+    ``run``, ``benchmark`` and the candidate picker, which time a model with its inputs already in place."""
+    import numpy as np
+    import tvm
+
+    return [x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(x), dev)
+            for x in inputs]
+
+
 def _nbytes(shape, dtype: str) -> int:
     n = 1
     for s in shape:

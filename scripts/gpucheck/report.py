@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 
 from .common import REPO
 from .device import render_environment
@@ -361,7 +362,7 @@ def cmd_report(args) -> int:
     try:
         result = merge_results(results)
     except ValueError as e:
-        print(f"gpu_check report: {e}")
+        print(f"gpu_check report: {e}", file=sys.stderr)
         return 2
     docs = os.path.join(REPO, "docs")
     os.makedirs(docs, exist_ok=True)
