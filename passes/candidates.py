@@ -9,6 +9,12 @@ runtime (``runtime.picker``) times them interleaved on the device and runs the f
 * the schedule in the compiled mode (the library's ``main``, unprefixed functions),
 * the schedule in the other synchronisation mode (prefix ``alt__``), when it has concurrency,
 * sequential: the same units one after another on the caller's stream (prefix ``seq__``),
+* for a schedule with wave-fused stages (``passes.wave``), the same schedule unfused, in both modes (prefixes
+  ``unfused__`` and ``unfused_alt__``), and sequential over the unfused units. Which one wins depends on the
+  device and on CUDA graphs: on 2026-11-27, with graphs, NASNet-A-mobile's greedy schedule ran faster unfused in
+  dependency mode than as waves (H100 1.307 against 1.496 ms, H200 1.292 against 1.409), while without graphs
+  the waves were 1.57-1.86x faster than any multi-stream variant (H100), and before that day's waits fix they
+  were the fastest with graphs too (H200),
 
 each with direct launches and, where TVM can capture it, as a CUDA graph. What the library holds is described
 in ``plan.meta["candidates"]`` (see :class:`Variant`), which ``runtime`` reads; nothing here is needed at run time.
@@ -28,6 +34,9 @@ from .schedule import Schedule, Stage
 
 SEQUENTIAL_PREFIX = "seq__"
 OTHER_MODE_PREFIX = "alt__"
+UNFUSED_PREFIX = "unfused__"
+UNFUSED_OTHER_MODE_PREFIX = "unfused_alt__"
+WAVE = "wave"
 
 
 @dataclass
@@ -38,18 +47,24 @@ class Variant:
     scheduler: str
     mode: str
     lowered: Lowered
+    fusion: str | None = None    # "wave": the schedule's fused stages run as one kernel each
 
     @property
     def sequential(self) -> bool:
-        return self.lowered.num_streams == 0
+        return self.lowered.num_streams == 0 and self.fusion is None
 
     def label(self) -> str:
-        return "sequential" if self.sequential else f"{self.scheduler}-{self.mode}"
+        if self.sequential:
+            return "sequential"
+        name = f"{self.scheduler}+{self.fusion}" if self.fusion else self.scheduler
+        # a fully fused program has no stream to order: both modes lower to the same program
+        return name if self.lowered.num_streams == 0 else f"{name}-{self.mode}"
 
     def entries(self) -> list[dict]:
         """The candidates this lowering offers (``plan.meta["candidates"]`` entries)."""
         p = self.prefix
         common = {"scheduler": "sequential" if self.sequential else self.scheduler, "mode": self.mode,
+                  "fusion": self.fusion,
                   "num_streams": self.lowered.num_streams, "streams_function": p + STREAMS_FUNC,
                   "free_streams_function": p + FREE_STREAMS_FUNC, "direct_function": p + MAIN_FUNC}
         out = [{"name": f"{self.label()}-direct", "function": p + MAIN_FUNC, "cuda_graph": False, **common}]
@@ -67,35 +82,46 @@ def sequential_schedule(schedule: Schedule) -> Schedule:
 
 
 def lower_variants(program: Program, schedule: Schedule, target, max_streams: int, mode: str, cuda_graph: bool,
-                   with_alternatives: bool, graph_ok=None, sync: str = "tvm") -> list[Variant]:
+                   with_alternatives: bool, graph_ok=None, sync: str = "tvm",
+                   unfused: "tuple[Program, Schedule] | None" = None) -> list[Variant]:
     """The primary lowering (unprefixed: ``main`` runs it) and, with ``with_alternatives``, the other mode and
     sequential. ``graph_ok(lowered) -> (bool, reason)`` decides whether a graph variant is kept (a lowering whose
-    graph cannot be captured is redone without it)."""
+    graph cannot be captured is redone without it). ``unfused``: the (program, schedule) that wave fusion
+    rewrote into ``program, schedule``; with alternatives, its lowerings join the library (see the module), and
+    the sequential candidate runs its units, the model's own kernels."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
+    other = [m for m in MODES if m != mode][0]
 
-    def lower(sched, m, prefix, index) -> Lowered:
-        low = lower_program(program, sched, target, max_streams=max_streams, mode=m, cuda_graph=cuda_graph,
+    def lower(prog, sched, m, prefix, index) -> Lowered:
+        low = lower_program(prog, sched, target, max_streams=max_streams, mode=m, cuda_graph=cuda_graph,
                             prefix=prefix, stream_cache_index=index, sync=sync)
         if low.cuda_graph and graph_ok is not None:
             ok, why = graph_ok(low)
             if not ok:
-                low = lower_program(program, sched, target, max_streams=max_streams, mode=m, cuda_graph=False,
+                low = lower_program(prog, sched, target, max_streams=max_streams, mode=m, cuda_graph=False,
                                     prefix=prefix, stream_cache_index=index, sync=sync)
                 low.cuda_graph_reason = why
         return low
 
-    primary = Variant("", schedule.scheduler, mode, lower(schedule, mode, "", STREAM_CACHE_INDEX))
-    variants = [primary]
+    fusion = WAVE if unfused is not None else None
+    variants = [Variant("", schedule.scheduler, mode, lower(program, schedule, mode, "", STREAM_CACHE_INDEX), fusion)]
+
+    def add(prefix, prog, sched, m, fused, scheduler=None) -> Variant:
+        index = STREAM_CACHE_INDEX + len(variants)   # one stream set per lowering, each under its own cache key
+        v = Variant(prefix, scheduler or sched.scheduler, m, lower(prog, sched, m, prefix, index), fused)
+        variants.append(v)
+        return v
+
     if not with_alternatives:
         return variants
-    if primary.lowered.num_streams > 0:
-        other = [m for m in MODES if m != mode][0]
-        variants.append(Variant(OTHER_MODE_PREFIX, schedule.scheduler, other,
-                                lower(schedule, other, OTHER_MODE_PREFIX, STREAM_CACHE_INDEX + 1)))
-        seq = sequential_schedule(schedule)
-        variants.append(Variant(SEQUENTIAL_PREFIX, "sequential", mode,
-                                lower(seq, mode, SEQUENTIAL_PREFIX, STREAM_CACHE_INDEX + 2)))
+    if variants[0].lowered.num_streams > 0:
+        add(OTHER_MODE_PREFIX, program, schedule, other, fusion)
+    base_program, base_schedule = unfused if unfused is not None else (program, schedule)
+    if unfused is not None and add(UNFUSED_PREFIX, *unfused, mode, None).lowered.num_streams > 0:
+        add(UNFUSED_OTHER_MODE_PREFIX, *unfused, other, None)
+    if len(variants) > 1:   # a sequential schedule has nothing to compare with
+        add(SEQUENTIAL_PREFIX, base_program, sequential_schedule(base_schedule), mode, None, "sequential")
     return variants
 
 
@@ -125,6 +151,7 @@ def describe(variants: list[Variant]) -> tuple[list[dict], str]:
     entries: list[dict] = []
     for v in variants:
         entries.extend(v.entries())
-    primary = [e for e in entries if not e["function"].startswith((OTHER_MODE_PREFIX, SEQUENTIAL_PREFIX))]
+    primary = [e for e in entries if not e["function"].startswith((OTHER_MODE_PREFIX, SEQUENTIAL_PREFIX,
+                                                                    UNFUSED_PREFIX, UNFUSED_OTHER_MODE_PREFIX))]
     default = next((e for e in primary if e["cuda_graph"]), primary[0])
     return entries, default["name"]

@@ -23,6 +23,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -735,6 +736,23 @@ def test_run_takes_models_in_the_order_given_with_their_entries():
     assert [e["name"] for e in selected_models(manifest, "b,a")] == ["b", "b+cudnn", "b+cudnn+tf32", "a", "a+cudnn"]
     assert [e["name"] for e in selected_models(manifest, "a+cudnn")] == ["a+cudnn"]
     assert [e["name"] for e in selected_models(manifest, None)] == [e["name"] for e in manifest["models"]]
+
+
+def test_pick_per_scheduler_offers_a_wave_library_its_schedule_unfused():
+    """What gpu_check says the picker would ship is what the library carries: a wave library (``greedy+wave``)
+    also carries greedy's unfused variants (``passes.candidates``), so the faster unfused program is its pick."""
+    from gpucheck.run import _pick_per_scheduler
+
+    slow, fast = (lambda: time.sleep(0.004)), (lambda: time.sleep(0.001))
+    calls = {"sequential": slow, "sequential + CUDA graph": slow, "greedy (dependency) + CUDA graph": fast,
+             "greedy+wave + CUDA graph": slow, "lios": slow}
+    picked = _pick_per_scheduler(calls, lambda: None, rounds=5)
+    assert picked["greedy+wave"]["choice"] == "greedy (dependency) + CUDA graph"
+    assert set(picked["greedy+wave"]["candidates"]) == {"sequential", "sequential + CUDA graph",
+                                                        "greedy (dependency) + CUDA graph", "greedy+wave + CUDA graph"}
+    assert set(picked["greedy"]["candidates"]) == {"sequential", "sequential + CUDA graph",
+                                                   "greedy (dependency) + CUDA graph"}   # no waves in greedy's
+    assert "greedy (dependency) + CUDA graph" not in picked["lios"]["candidates"]
 
 
 def test_wave_diff_checks_every_fused_stage_against_its_members(tmp_path):

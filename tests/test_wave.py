@@ -373,6 +373,35 @@ def test_compile_with_wave_fusion_and_the_guard_measures_against_sequential(bran
         cm.close()
 
 
+def test_a_wave_library_with_candidates_also_carries_the_schedule_unfused(branchy_model, branchy_input,
+                                                                           branchy_reference):
+    """Whether the waves or the same schedule unfused is faster depends on the device and on CUDA graphs (H100 with
+    graphs: unfused; without graphs: waves), so the library carries both and the device picks; every candidate
+    computes what plain TVM computes (CPU: candidates on request, the VM runs each)."""
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", fusion="wave", cost="sim:cpu", guard=False,
+                             executor="vm", candidates=True, max_memory_ratio=None, name="branchy")
+    try:
+        assert cm.schedule.options["wave_fusion"]["stages"], "nothing fused: the test needs a fused stage"
+        meta = cm.plan.meta
+        cands = {c["name"]: c for c in meta["candidates"]}
+        assert list(cands) == ["greedy+wave-direct", "greedy-stage-direct", "greedy-dependency-direct",
+                               "sequential-direct"]
+        assert meta["default_candidate"] == "greedy+wave-direct"
+        assert cands["greedy+wave-direct"]["fusion"] == "wave" and cands["greedy+wave-direct"]["scheduler"] == "greedy"
+        assert all(cands[n]["fusion"] is None for n in list(cands)[1:])
+        assert cands["greedy-stage-direct"]["num_streams"] >= 2
+        m = ScheduledModel(cm.runner.library, executor="vm", plan=cm.plan)
+        functions = set()
+        for name in cands:
+            m.select_candidate(name)
+            np.testing.assert_allclose(m.run(branchy_input), branchy_reference, **TOL, err_msg=name)
+            functions.add(m.entry_function)
+        assert len(functions) == len(cands)
+        m.close()
+    finally:
+        cm.close()
+
+
 def test_table_without_fused_stages_leaves_them_unfused(tmp_path, branchy_model):
     from tvm_interop.passes.cost.table import TABLE_FORMAT, TableCostModel
     from tvm_interop.passes.wave import choose_wave_stages
@@ -444,6 +473,24 @@ def test_cuda_library_with_fused_stages_builds_with_its_memory_check(branchy_mod
     plan = make_plan(fused_prog, fused_sched)
     build_library(fused_prog, fused_sched, plan, target)
     assert plan.meta["memory_check"].startswith("as-built")
+
+
+@needs_nvcc
+def test_cuda_wave_library_lets_the_device_pick_between_waves_and_streams(branchy_model):
+    cm = tvm_interop.compile(branchy_model, target=CUDA, scheduler="greedy", fusion="wave", cost="sim:h100",
+                             name="branchy")
+    try:
+        meta = cm.plan.meta
+        names = [c["name"] for c in meta["candidates"]]
+        assert names == ["greedy+wave-direct", "greedy+wave-graph", "greedy-stage-direct", "greedy-stage-graph",
+                         "greedy-dependency-direct", "greedy-dependency-graph", "sequential-direct",
+                         "sequential-graph"]
+        assert meta["default_candidate"] == "greedy+wave-graph"
+        assert meta["memory_check"].startswith("as-built")   # every candidate, the unfused ones included
+        streams = {c["streams_function"] for c in meta["candidates"]}
+        assert len(streams) == 4   # one stream set per lowering
+    finally:
+        cm.close()
 
 
 def test_groups_on_another_device_stay_apart(branchy_model):

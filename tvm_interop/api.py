@@ -176,7 +176,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
     synchronisation mode and sequential, each direct and as a CUDA graph; on the device the fastest is picked
     by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
-    sequential for lack of a choice. The CPU keeps the compile-time guard (``guard``).
+    sequential for lack of a choice. With ``fusion="wave"`` they also include the schedule unfused, in both
+    modes (whether the waves pay depends on the device and on CUDA graphs). The CPU keeps the compile-time guard
+    (``guard``).
     ``fleet``: a started ``passes.fleet.Fleet`` (devices behind an RPC tracker): timed costs (``measured``,
     ``learned``) time their stages on its devices, and the never-slower guard runs there (on by default with a
     fleet), instead of on this machine.
@@ -376,14 +378,18 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         base = base or program
         prog, run_s = apply_merges(base, s, target=target) if has_merges(s) else (base, s)
         fused_stages = wave_stages(s)
+        unfused = None
         if fused_stages:   # wave fusion, like the merges, rewrites the program that is built
-            prog, run_s, _ = apply_wave_fusion(prog, run_s, target, stages=fused_stages)
-            s.options["waves"] = run_s.options.get("waves", [])
+            fused_prog, fused_s, _ = apply_wave_fusion(prog, run_s, target, stages=fused_stages)
+            s.options["waves"] = fused_s.options.get("waves", [])
+            if fused_prog is not prog:   # the device picks between the waves and the same schedule unfused
+                unfused = (prog, run_s)
+            prog, run_s = fused_prog, fused_s
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
         return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
-                                candidates=candidates, cuda_arches=arches, sync=sync)
+                                candidates=candidates, cuda_arches=arches, sync=sync, unfused=unfused)
 
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t

@@ -217,9 +217,20 @@ def splice_waves(program, kernels: list[WaveKernel], name_prefix: str = "") -> t
 def fusion_program(program, target):
     """The program whose kernels wave fusion fuses for ``target`` (a normalised Target): on CPU targets with their
     weights repacked at build time (``passes.kernels.prepack``), as the unfused kernels read them; else
-    ``program``. Whatever checks fused kernels against their members uses this too, so it checks what ships."""
+    ``program``. Whatever checks fused kernels against their members uses this too, so it checks what ships.
+
+    Computed once per program and target (kept on ``program``): a library that carries the fused program and the
+    same schedule unfused (``passes.candidates``) needs both to call the very same kernel objects."""
     if target.kind.name != "llvm":
         return program
+    cache = program.__dict__.setdefault("_fusion_programs", {})
+    key = str(target)
+    if key not in cache:
+        cache[key] = _repacked(program, target)
+    return cache[key]
+
+
+def _repacked(program, target):
     from ..extract import extract
     from ..kernels.prepack import prepack_weights
 
