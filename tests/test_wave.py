@@ -633,3 +633,28 @@ def test_repacked_member_of_a_cuda_wave_computes_what_it_computes_alone():
                         + [np.zeros([int(d) for d in call.outputs[0].shape], call.outputs[0].dtype)])[-1]
     np.testing.assert_array_equal(fused[sig.outputs.index((dw, 0))], alone)
     assert np.abs(alone).max() > 0
+
+
+def test_wave_launches_script_counts_every_fused_launch(tmp_path, capsys):
+    """``scripts/wave_launches.py`` (docs/wave_launches.md): one row per model, its launches being exactly the
+    fused kernels' waves, each with its blocks and threads, and the narrow ones counted against the SMs given."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import wave_launches
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "w.json"
+    assert wave_launches.main(["squeezenet", "--width", "0.125", "--image-size", "32", "--sms", "3",
+                               "--json", str(out)]) == 0
+    assert "| squeezenet |" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    (m,) = doc["models"]
+    (row,) = doc["summary"]
+    launches = [la for st in m["fused_stages"] for la in st["launches"]]
+    assert launches and row["launches"] == len(launches) == row["fused_stages"]   # greedy: one wave per stage
+    assert all(b >= 1 and t >= 32 for b, t in launches)
+    assert row["under_one_block_per_sm"] == sum(1 for b, _ in launches if b < 3)
+    assert sum(row["under_by_block_size"].values()) == row["under_one_block_per_sm"]
+    assert all(st["members"] >= 2 and len(st["member_s"]) == st["members"] for st in m["fused_stages"])
