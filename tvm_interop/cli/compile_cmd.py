@@ -1,6 +1,9 @@
 """``tvm-interop compile``: model in, scheduled deployable .so (and schedule JSON) out."""
 from __future__ import annotations
 
+import os
+import time
+
 from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
 
 
@@ -80,8 +83,11 @@ def run(args) -> int:
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
+    export_seconds = None
     if args.output:
+        t_export = time.perf_counter()
         cm.export(args.output)
+        export_seconds = time.perf_counter() - t_export
     s = cm.schedule
     mem = cm.memory_report()  # activation memory in TVM's memory plan: scheduled (streams) vs sequential
     summary = {
@@ -92,7 +98,7 @@ def run(args) -> int:
         "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
         "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
         "activation_scheduled_bytes": mem["scheduled_bytes"], "activation_sequential_bytes": mem["sequential_bytes"],
-        "output": args.output, "schedule_out": args.schedule_out,
+        "output": args.output, "export_seconds": export_seconds, "schedule_out": args.schedule_out,
         "candidates": [c["name"] for c in cm.plan.meta.get("candidates", [])],
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
         "fleet": fleet_report,
@@ -144,7 +150,7 @@ def run(args) -> int:
             print(f"candidate programs ({len(summary['candidates'])}, the device picks the fastest at first run or "
                   f"with `tvm-interop pick`): {', '.join(summary['candidates'])}")
         if args.output:
-            print(f"wrote {args.output}")
+            print(f"wrote {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB, {export_seconds:.1f} s)")
         if args.schedule_out:
             print(f"wrote {args.schedule_out}")
     cm.close()
