@@ -233,8 +233,8 @@ def write_blob(blob: bytes, workspace_dir: str) -> str:
     blob codegen (what ``export_library`` does for a library it packs itself), or, without LLVM, a C file.
 
     Why not always the C file: the blob holds the model's weights, and gcc compiling them as an array literal
-    took 340 s of the 378 s that ``compile`` + ``export`` of Inception-v3 (95 MB of weights) took for CUDA on the
-    2-core build machine; the object file is written in seconds."""
+    took 341 s of the 382 s that ``compile`` + ``export`` of Inception-v3 (96 MB blob) took for CUDA on the 2-core
+    build machine; the object file took 4.4 s."""
     import tvm_ffi
 
     codegen_blob = tvm_ffi.get_global_func("codegen.codegen_blob", allow_missing=True)

@@ -167,7 +167,7 @@ def test_blob_round_trip():
 @pytest.mark.parametrize("how", ["object", "c"])
 def test_packed_blob_links_into_the_library_byte_for_byte(tmp_path, monkeypatch, how):
     """The library's ``__tvm_ffi__library_bin`` (the program, the kernels' fatbins and the weights) is written as an
-    object by TVM's LLVM blob codegen (seconds), or as a C array where LLVM is missing (gcc took 340 s on
+    object by TVM's LLVM blob codegen (seconds), or as a C array where LLVM is missing (gcc took 341 s on
     Inception-v3's 96 MB); either way the linked library holds exactly the blob."""
     from tvm.support import cc
 
