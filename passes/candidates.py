@@ -148,10 +148,7 @@ def graph_functions(variants: list[Variant]) -> list[str]:
 
 def describe(variants: list[Variant]) -> tuple[list[dict], str]:
     """``plan.meta["candidates"]`` and the default candidate's name (the primary, as a graph when it has one)."""
-    entries: list[dict] = []
-    for v in variants:
-        entries.extend(v.entries())
-    primary = [e for e in entries if not e["function"].startswith((OTHER_MODE_PREFIX, SEQUENTIAL_PREFIX,
-                                                                    UNFUSED_PREFIX, UNFUSED_OTHER_MODE_PREFIX))]
+    entries = [e for v in variants for e in v.entries()]
+    primary = variants[0].entries()    # lower_variants puts the compiled schedule first (unprefixed: ``main``)
     default = next((e for e in primary if e["cuda_graph"]), primary[0])
     return entries, default["name"]
