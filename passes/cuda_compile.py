@@ -42,6 +42,8 @@ import tempfile
 import time
 
 from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.library_file import (join_library_blob, length_prefixed, library_modules, read_u64,
+                                              split_library_blob)
 
 
 log = logging.getLogger(__name__)
@@ -142,51 +144,10 @@ def compile_library_kernels(library, arches: list[str]) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------------------------------- the blob
-def _u64(b: bytes, pos: int) -> tuple[int, int]:
-    return struct.unpack_from("<Q", b, pos)[0], pos + 8
-
-
-def _string(s: bytes) -> bytes:
-    return struct.pack("<Q", len(s)) + s
-
-
-def split_library_blob(blob: bytes) -> tuple[bytes, list[tuple[str, bytes | None]]]:
-    """tvm-ffi's packed-imports blob -> (header: size, import tree), [(kind, payload)] (``_lib``: no payload)."""
-    pos = 8
-    n, pos = _u64(blob, pos)
-    pos += 8 * n
-    n, pos = _u64(blob, pos)
-    pos += 8 * n
-    header = blob[8:pos]
-    mods: list[tuple[str, bytes | None]] = []
-    while pos < len(blob):
-        ln, pos = _u64(blob, pos)
-        kind = blob[pos:pos + ln].decode()
-        pos += ln
-        if kind == "_lib":
-            mods.append((kind, None))
-            continue
-        ln, pos = _u64(blob, pos)
-        mods.append((kind, blob[pos:pos + ln]))
-        pos += ln
-    if pos != len(blob):
-        raise InteropError("unexpected layout of TVM's library blob (tvm-ffi version mismatch?)")
-    return header, mods
-
-
-def join_library_blob(header: bytes, mods: list[tuple[str, bytes | None]]) -> bytes:
-    body = header
-    for kind, payload in mods:
-        body += _string(kind.encode())
-        if payload is not None:
-            body += _string(payload)
-    return struct.pack("<Q", len(body)) + body
-
-
 def cuda_payload_parts(payload: bytes, source: str | None = None) -> tuple[str, bytes, bytes]:
     """A CUDA module's serialized form -> (format, function table bytes, code). The code is the last field;
     when ``source`` is known its length is matched too."""
-    ln, pos = _u64(payload, 0)
+    ln, pos = read_u64(payload, 0)
     fmt = payload[pos:pos + ln].decode()
     pos += ln
     code_len = len(source.encode()) if source is not None else None
@@ -215,7 +176,7 @@ def with_binary_cuda_modules(blob: bytes, arches: list[str], sources: list[str] 
         else:
             raise InteropError(f"cannot pair {len(cuda)} compiled CUDA module(s) with their sources to rebuild them "
                                "for the requested arches")
-        mods[i] = ("cuda", _string(BINARY_FORMAT.encode()) + fmap + _string(compile_fatbin(source, arches)))
+        mods[i] = ("cuda", length_prefixed(BINARY_FORMAT.encode()) + fmap + length_prefixed(compile_fatbin(source, arches)))
     return join_library_blob(header, mods)
 
 
@@ -284,43 +245,8 @@ def export_cuda_library(library, path: str, arches: list[str], addons: list[str]
 
 # ---------------------------------------------------------------------------------------------- inspection
 def library_cuda_images(path: str) -> list[tuple[str, bytes]]:
-    """(format, code) of each CUDA module inside an exported ``.so``, read from its bytes (no TVM, no CUDA tool):
-    the packed-imports blob is the ``__tvm_ffi__library_bin`` symbol's data."""
-    with open(path, "rb") as f:
-        data = f.read()
-    blob = elf_symbol_data(data, LIBRARY_BLOB_SYMBOL)
-    if blob is None:
-        raise InteropError(f"{path} is not a library exported by TVM (no {LIBRARY_BLOB_SYMBOL} symbol)")
-    _, mods = split_library_blob(blob)
-    return [cuda_payload_parts(payload)[::2] for kind, payload in mods if kind == "cuda"]
-
-
-LIBRARY_BLOB_SYMBOL = b"__tvm_ffi__library_bin"
-_SECTION = struct.Struct("<IIQQQQIIQQ")   # Elf64_Shdr: name type flags addr offset size link info addralign entsize
-_SYMBOL = struct.Struct("<IBBHQQ")       # Elf64_Sym: name info other shndx value size
-_SYMBOL_TABLES = (2, 11)                 # SHT_SYMTAB, SHT_DYNSYM
-
-
-def elf_symbol_data(data: bytes, name: bytes) -> bytes | None:
-    """The bytes of a defined data symbol of a 64-bit little-endian ELF file, or None (a few lines of ELF instead
-    of a dependency: the deployment machine may lack binutils and pyelftools)."""
-    if data[:6] != b"\x7fELF\x02\x01":
-        return None
-    shoff = struct.unpack_from("<Q", data, 0x28)[0]
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [_SECTION.unpack_from(data, shoff + k * shentsize) for k in range(shnum)]
-    for sec in sections:
-        if sec[1] not in _SYMBOL_TABLES:
-            continue
-        strtab = sections[sec[6]][4]
-        for off in range(sec[4], sec[4] + sec[5], _SYMBOL.size):
-            st_name, _info, _other, shndx, value, size = _SYMBOL.unpack_from(data, off)
-            at = strtab + st_name
-            if data[at:at + len(name) + 1] == name + b"\0" and 0 < shndx < len(sections):
-                host = sections[shndx]
-                start = host[4] + value - host[3]
-                return data[start:start + size]
-    return None
+    """(format, code) of each CUDA module inside an exported ``.so``, read from its bytes (no TVM, no CUDA tool)."""
+    return [cuda_payload_parts(payload)[::2] for kind, payload in library_modules(path) if kind == "cuda"]
 
 
 def fatbin_entries(image: bytes) -> list[tuple[str, str]]:

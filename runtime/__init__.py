@@ -1,6 +1,7 @@
 """Run time: executors, streams, export and loading. Depends on TVM's runtime only.
 
 ``runtime.load(path)`` runs an exported model; ``TVM_USE_RUNTIME_LIB=1`` is enough for it.
+``runtime.read_library(path)`` reads its execution plan from the file alone (no TVM, no device).
 """
 import os as _os
 
@@ -14,7 +15,8 @@ _configure_threads()
 
 from .errors import (DeviceError, ExportError, GraphError, InputError, InteropError, ScheduleError,
                      ScheduleFileError, UnsupportedModelError)
+from .library_file import read_library
 from .model import ScheduledModel, export_library, load
 
-__all__ = ["load", "ScheduledModel", "export_library", "InteropError", "UnsupportedModelError", "GraphError",
+__all__ = ["load", "read_library", "ScheduledModel", "export_library", "InteropError", "UnsupportedModelError", "GraphError",
            "ScheduleError", "ScheduleFileError", "ExportError", "InputError", "DeviceError"]

@@ -159,9 +159,9 @@ def save_pick(report: PickReport, library_path: str) -> str:
     return path
 
 
-def load_pick(library_path: str, device: str) -> PickReport | None:
-    """The saved decision for this library on this device, or None (no file, another library, another device:
-    logged). A file that is not a pick file is a clear error."""
+def read_pick_file(library_path: str) -> PickReport | None:
+    """The pick file beside a library as written, or None when there is none; whatever library and device it
+    was measured for. A file that is not a pick file, or of another version, is a clear error."""
     path = pick_path(library_path)
     if not os.path.exists(path):
         return None
@@ -175,6 +175,16 @@ def load_pick(library_path: str, device: str) -> PickReport | None:
     if report.version != PICK_VERSION:
         raise ExportError(f"{path} has pick-file version {report.version}, this runtime reads {PICK_VERSION}; "
                           f"run `tvm-interop pick {library_path}` again")
+    return report
+
+
+def load_pick(library_path: str, device: str) -> PickReport | None:
+    """The saved decision for this library on this device, or None (no file, another library, another device:
+    logged). A file that is not a pick file is a clear error."""
+    report = read_pick_file(library_path)
+    if report is None:
+        return None
+    path = pick_path(library_path)
     if report.library_sha256 != file_sha256(library_path):
         log.warning("%s was written for another build of this library; ignoring it (run `tvm-interop pick` again)",
                     path)

@@ -45,6 +45,44 @@ def test_show_text_trace_png(built, capsys, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_show_library_summary_is_the_compiled_schedule(built, capsys, tmp_path):
+    """``show m.so`` first says what the library holds, read from the file: model, scheduler, every stage's units
+    in the compiled schedule's order (then the traced run of a CPU library)."""
+    _, so, sj = built
+    sched = json.loads(sj.read_text())
+    assert main(["show", str(so)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{so}: squeezenet, scheduler greedy, target llvm")
+    stages = [ln.split(None, 1)[1] for ln in lines if ln[:6].strip().isdigit()]
+    assert stages == [" | ".join(", ".join(g) for g in st["groups"]) for st in sched["stages"]]
+    assert lines[-1].startswith("measured run: ")
+    assert main(["show", str(so), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["model"], out["device"], out["stages"], out["candidates"]) == ("squeezenet", "cpu", len(stages), [])
+    assert out["units"] == sum(len(g) for st in sched["stages"] for g in st["groups"]) and out["measured_ms"] > 0
+
+
+def test_show_refuses_what_is_not_a_model_library(tmp_path, capsys):
+    import tvm
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Plain:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            return R.add(x, x)
+
+    plain = tmp_path / "plain.so"
+    tvm.compile(Plain, target="llvm").export_library(str(plain))
+    assert main(["show", str(plain)]) == 1
+    assert "is a TVM library but not a tvm-interop model" in capsys.readouterr().err
+    bad = tmp_path / "bad.so"
+    for data in (b"\x7fELF not really", plain.read_bytes()[:4096], plain.read_bytes()[:-4096]):
+        bad.write_bytes(data)
+        assert main(["show", str(bad)]) == 1
+        assert "is not a library exported by TVM" in capsys.readouterr().err
+
+
 def test_models_listing(capsys):
     assert main(["models", "--no-count", "--json"]) == 0
     names = [r["name"] for r in json.loads(capsys.readouterr().out)]

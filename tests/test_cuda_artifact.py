@@ -13,9 +13,10 @@ import tvm_interop
 from tvm_interop.passes import cuda_compile
 from tvm_interop.passes.target import normalize_target, parse_arches, requested_arches
 from tvm_interop.passes.cuda_compile import (cubin_arch, fatbin_arches, fatbin_cubins, fatbin_entries, inspect_cuda_library,
-                                 library_cuda_images, nvcc_flags, split_library_blob, join_library_blob)
+                                 library_cuda_images, nvcc_flags)
 from tvm_interop.runtime.cuda import arch_mismatch, check_arch
 from tvm_interop.runtime.errors import DeviceError, InteropError
+from tvm_interop.runtime.library_file import elf_symbol_data, join_library_blob, split_library_blob
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="CUDA builds need nvcc (the CUDA toolkit)")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,7 @@ def exported(branchy_model, tmp_path_factory):
         cm.export(path)
         out[f"{label}_export_compiles"] = len(cuda_compile._compiled) - compiled
         out[label] = (path, cm.plan.meta)
+        out[f"{label}_plan"] = cm.plan.to_json()
         if label == "default":
             out["tvm_export"] = str(d / "tvm_export.so")
             cm.runner.library.export_library(out["tvm_export"])
@@ -154,6 +156,57 @@ def test_runtime_only_load_without_a_gpu_is_a_clear_error(exported):
     assert "tvm_compiler" not in out.stdout and "modules []" in out.stdout, text
 
 
+@needs_nvcc
+def test_show_reads_a_cuda_library_without_tvm_or_a_gpu(exported, tmp_path, capsys):
+    """``tvm-interop show m.so`` where the CUDA library was built (no GPU: it cannot be loaded there): what it holds
+    is read from the file's bytes, in a process that never imports TVM, and is exactly the compiled plan."""
+    import json
+
+    from tvm_interop.cli import main
+    from tvm_interop.runtime.picker import PickReport, save_pick
+
+    path, meta = exported["two"]
+    code = ("import json, sys\nfrom tvm_interop.library_info import library_summary\n"
+            f"summary, plan = library_summary({path!r})\n"
+            "print(json.dumps([summary, plan.to_json(), sorted(m for m in sys.modules if m.split('.')[0] == 'tvm')]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stderr
+    summary, plan, tvm_modules = json.loads(out.stdout)
+    assert tvm_modules == []
+    assert plan == exported["two_plan"]
+    assert summary["device"] == "cuda" and summary["cuda_arches"] == ["sm_80", "sm_90"]
+    assert summary["candidates"] == [c["name"] for c in meta["candidates"]]
+    assert summary["default_candidate"] == meta["default_candidate"] and summary["pick"] is None
+    assert summary["units"] == len(plan["calls"]) and summary["stages"] == len(plan["stages"])
+
+    assert main(["show", path]) == 0
+    text = capsys.readouterr().out
+    assert "(binaries: sm_80, sm_90)" in text and all(c in text for c in summary["candidates"])
+    assert len([ln for ln in text.splitlines() if ln[:6].strip().isdigit()]) == summary["stages"]
+    assert main(["show", path, "--png", str(tmp_path / "x.png")]) == 1
+    assert "CUDA library is timed as a whole" in capsys.readouterr().err
+
+    # the pick file beside the library: reported, and flagged when it was written for another build
+    choice = summary["candidates"][-1]
+    report = PickReport(choice=choice, default=summary["default_candidate"], device="NVIDIA H100 80GB HBM3",
+                        rounds=3, timings={choice: {"median_ms": 1.0, "min_ms": 0.9, "runs": 3}})
+    pick_file = save_pick(report, path)
+    try:
+        assert main(["show", path]) == 0
+        text = capsys.readouterr().out
+        assert f"on NVIDIA H100 80GB HBM3, picked {choice}" in text and "another build" not in text
+        with open(pick_file) as f:
+            data = json.load(f)
+        data["library_sha256"] = "0" * 64
+        with open(pick_file, "w") as f:
+            json.dump(data, f)
+        assert main(["show", path, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["pick"]["current"] is False
+    finally:
+        os.remove(pick_file)
+
+
 def test_blob_round_trip():
     import struct
 
@@ -179,7 +232,7 @@ def test_packed_blob_links_into_the_library_byte_for_byte(tmp_path, monkeypatch,
     so = str(tmp_path / "blob.so")
     cc.create_shared(so, [path])
     with open(so, "rb") as f:
-        assert cuda_compile.elf_symbol_data(f.read(), b"__tvm_ffi__library_bin") == blob
+        assert elf_symbol_data(f.read(), b"__tvm_ffi__library_bin") == blob
 
 
 @needs_nvcc
