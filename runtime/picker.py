@@ -169,6 +169,8 @@ def read_pick_file(library_path: str) -> PickReport | None:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         report = PickReport(**data)
+        if report.choice not in report.timings:
+            raise ValueError(f"its choice {report.choice!r} has no timing")
     except (OSError, ValueError, TypeError) as e:
         raise ExportError(f"{path} is not a candidate pick file ({e}); delete it or run `tvm-interop pick "
                           f"{library_path}` again") from None

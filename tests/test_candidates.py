@@ -103,6 +103,11 @@ def test_pick_file_round_trip_and_refusals(cpu_candidates, branchy_input, tmp_pa
     fresh = runtime.load(path, executor="vm")
     assert fresh.candidate is None and "measured on" in caplog.text
     fresh.close()
+    # a choice it never timed: refused, not a KeyError in the summary
+    data["choice"] = "no-such-candidate"
+    open(written, "w").write(json.dumps(data))
+    with pytest.raises(ExportError, match="not a candidate pick file .*'no-such-candidate' has no timing"):
+        runtime.load(path, executor="vm")
     # not a pick file: a clear error naming it
     open(written, "w").write("{not json")
     with pytest.raises(ExportError, match="not a candidate pick file"):
