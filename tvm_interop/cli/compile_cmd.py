@@ -144,8 +144,8 @@ def run(args) -> int:
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB")
         print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "
               f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB")
-        print(f"compile {cm.timings['total']:.1f} s (prepare {cm.timings['prepare']:.1f} s, "
-              f"build {cm.timings['build']:.1f} s)")
+        phases = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in cm.timings.items() if k != "total")
+        print(f"compile {cm.timings['total']:.1f} s ({phases})")
         if summary["candidates"]:
             print(f"candidate programs ({len(summary['candidates'])}, the device picks the fastest at first run or "
                   f"with `tvm-interop pick`): {', '.join(summary['candidates'])}")
