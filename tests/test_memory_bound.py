@@ -80,3 +80,37 @@ def test_a_bound_that_one_group_per_stage_cannot_meet_ships_the_sequential_order
     assert [st.groups for st in out.stages] == [st.groups for st in seq.stages]
     assert out.scheduler == s.scheduler and out.options["memory_fallback"] == "sequential order"
     out.validate(program.graph)
+
+
+def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential():
+    """After the memory bound's fallback the program runs sequential's kernels one at a time: the guard would time
+    the same work twice (NASNet-A-large: 44 s of an 82 s compile, and a "measured slower" that was noise), so it
+    ships without timing, says why, and computes what plain TVM computes."""
+    import numpy as np
+    from tvm_interop.models import get_model, small_config
+    from tvm_interop.passes.lower import make_plan
+
+    mod = get_model("googlenet", **small_config("googlenet"))
+    program = tvm_interop.api.prepare_program(mod)
+    s = schedule_graph(program.graph, "greedy")
+    seq_bytes = make_plan(program, schedule_graph(program.graph, "sequential", "unit")).storage_bytes()
+    one_group = make_plan(program, limit_concurrency(s, 1)).storage_bytes()
+    limit = (seq_bytes + one_group) / 2 / seq_bytes
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", max_memory_ratio=limit)
+    try:
+        assert cm.memory.sequential_fallback and cm.schedule.max_concurrency() == 1
+        assert cm.guard is None and "guard" not in cm.timings
+        assert cm.schedule.search["shipped_because"] == ("runs one unit at a time over the model's own kernels (the "
+                                                         "memory bound's fallback): nothing concurrent to time "
+                                                         "against sequential")
+        x = np.random.default_rng(0).standard_normal(cm.runner.inputs[0]["shape"]).astype("float32")
+        np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), rtol=1e-4, atol=1e-4)
+    finally:
+        cm.close()
+    # with concurrency left (no bound), the default guard still times the schedule
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", max_memory_ratio=None)
+    try:
+        assert cm.schedule.max_concurrency() > 1 or cm.schedule.scheduler == "sequential"
+        assert cm.guard is not None and "guard" in cm.timings
+    finally:
+        cm.close()
