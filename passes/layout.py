@@ -12,7 +12,7 @@ How: TVM's ``ConvertLayout`` rewrites every ``relax.nn.conv2d`` whose channels d
 (grouped convolutions, reshapes before the classifier). ``passes.layout_rewrites`` blocks two kinds it would
 leave in NCHW: the stem (3 input channels), which then writes the blocked layout from its NCHW input, and
 convolutions whose output channels do not fill whole blocks (zero filters, then a slice). Weights are constants, so
-their transforms fold at build time. TOPI does not legalize channel-blocked convolutions:
+their transforms are folded when the model is prepared (``passes.fold_layout``, with numpy). TOPI does not legalize channel-blocked convolutions:
 :func:`legalize_conv2d` gives them :func:`passes.kernels.nchwc.conv2d_nchwc`, and every other convolution
 TVM's own legalization. What the model computes is unchanged (only the order of the sums: within 1e-4 of
 TVM's build on the zoo, tested).

@@ -17,6 +17,7 @@ from tvm import relax
 
 from tvm_interop.runtime.errors import UnsupportedModelError
 
+from .fold_layout import fold_constant_layout_transforms
 from .layout import blocked_convs, layout_block, legalize_map, resolve_layout, to_nchwc
 from .target import normalize_target
 
@@ -150,6 +151,9 @@ def prepare(mod: tvm.IRModule, target: "str | tvm.target.Target | None" = None,
                                             f"(layout={layout!r}): {why}; use layout='nchw'") from None
             log.warning("layout: NCHW kept, TVM's ConvertLayout failed on this model: %s", why)
             layout_info = {"layout": "nchw", "fallback": why}
+    if layout_info["layout"] == "nchwc":
+        # the weights' and biases' new layouts, computed here rather than by one kernel build each in FoldConstant
+        mod, _ = fold_constant_layout_transforms(mod)
     passes = [relax.transform.LegalizeOps(legalize_map()), relax.transform.AnnotateTIROpPattern()]
     try:
         if ctx_target is not None:
