@@ -73,3 +73,21 @@ def test_a_module_keeps_what_it_computes():
         vm = relax.VirtualMachine(tvm.compile(relax.transform.LegalizeOps()(m), target="llvm"), tvm.cpu())
         results.append(vm["main"](tvm.runtime.tensor(xin)).numpy())
     assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("name", ["googlenet", "nasnet_a_mobile"])
+def test_prepared_zoo_model_has_the_constants_tvm_folds(name, monkeypatch):
+    """What ships: the prepared program's constants (every blocked weight and bias) with the numpy fold equal, bit
+    for bit, those TVM's FoldConstant computes when the transforms are left to it, and the units are the same."""
+    import tvm_interop.passes.prepare as prepare
+    from tvm_interop.api import prepare_program
+    from tvm_interop.models import get_model, small_config
+
+    mod = get_model(name, **small_config(name))
+    ours = prepare_program(mod, "llvm")
+    monkeypatch.setattr(prepare, "fold_constant_layout_transforms", lambda m: (m, 0))
+    tvms = prepare_program(mod, "llvm")
+    assert len(ours.constants) == len(tvms.constants) > 0
+    for a, b in zip(ours.constants, tvms.constants):
+        assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+    assert [u.name for u in ours.graph] == [u.name for u in tvms.graph] and ours.graph.edges == tvms.graph.edges
