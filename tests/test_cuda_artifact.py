@@ -186,6 +186,9 @@ def test_show_reads_a_cuda_library_without_tvm_or_a_gpu(exported, tmp_path, caps
     assert len([ln for ln in text.splitlines() if ln[:6].strip().isdigit()]) == summary["stages"]
     assert main(["show", path, "--png", str(tmp_path / "x.png")]) == 1
     assert "CUDA library is timed as a whole" in capsys.readouterr().err
+    if main(["run", path, "--repeat", "1"]) == 1:   # no GPU here: `run` points at `show`
+        err = capsys.readouterr().err
+        assert "no CUDA device" not in err or f"`tvm-interop show {path}` says what the library holds" in err
 
     # the pick file beside the library: reported, and flagged when it was written for another build
     choice = summary["candidates"][-1]

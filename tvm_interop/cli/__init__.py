@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except InteropError as e:
         print(f"tvm-interop {args.command}: error: {e}", file=sys.stderr)
+        library = getattr(args, "library", None)
+        if library and str(e).startswith("no CUDA device"):
+            print(f"(`tvm-interop show {library}` says what the library holds without a GPU)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"tvm-interop {args.command}: interrupted", file=sys.stderr)
