@@ -158,6 +158,7 @@ def test_compile_command_says_target_what_shipped_and_which_memory(capsys):
     assert "shipped: " in out and "sequential" in out
     assert "activation memory, threads executor's buffers" in out
     assert "activation memory, TVM's memory plan as built (VM executor): scheduled" in out
+    assert out.count("<- runs this library") == 1   # the executor a run uses is marked, and only it
     assert main(args + ["--target", "llvm-generic", "--json"]) == 0
     import json
 

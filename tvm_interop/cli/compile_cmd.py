@@ -140,10 +140,12 @@ def run(args) -> int:
             wf = summary["wave_fusion"]
             print(f"wave fusion: {wf['fused']} of {wf['fusable']} concurrent stage(s) fused into one kernel each "
                   f"(priced by {wf['cost']}); {wf['left_unfused']} group(s) left beside their fused kernel")
+        runs_on = cm.runner.executor   # the executor a run of this library uses: its memory is the one that counts
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
-              f"{cm.plan.storage_bytes() / 2**20:.2f} MiB")
+              f"{cm.plan.storage_bytes() / 2**20:.2f} MiB{'  <- runs this library' if runs_on == 'threads' else ''}")
         print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "
-              f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB")
+              f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB"
+              f"{'  <- runs this library' if runs_on == 'vm' else ''}")
         phases = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in cm.timings.items() if k != "total")
         print(f"compile {cm.timings['total']:.1f} s ({phases})")
         if summary["candidates"]:
