@@ -92,7 +92,7 @@ class ExecutionPlan:
     def storage_bytes(self) -> int:
         sizes: dict[int, int] = {}
         for b in self.buffers:
-            n = _nbytes(b["shape"], b["dtype"])
+            n = tensor_nbytes(b["shape"], b["dtype"])
             sizes[b["storage"]] = max(sizes.get(b["storage"], 0), n)
         return sum(sizes.values())
 
@@ -172,7 +172,7 @@ def device_tensors(inputs, dev) -> list:
             for x in inputs]
 
 
-def _nbytes(shape, dtype: str) -> int:
+def tensor_nbytes(shape, dtype: str) -> int:
     n = 1
     for s in shape:
         n *= int(s)
@@ -185,9 +185,28 @@ def assign_storage(buffers: list[dict], live: list[tuple[int, int]]) -> None:
 
     ``live[b] = (first, last)`` in units of *stages* (inclusive). Intervals at stage granularity are what makes
     this safe under concurrency: everything in a stage may run at once, so a buffer read anywhere in stage k is
-    live for the whole of stage k. Buffers share storage only with buffers of the same shape and dtype (no views
-    needed). Greedy by start time — optimal for interval graphs within each (shape, dtype) class.
+    live for the whole of stage k. A storage is as large as its largest buffer, and each buffer is a view of it
+    from its start (``runtime.thread_executor``). Two assignments are made and the smaller one is kept:
+    buffers of one shape and dtype sharing (greedy by start time, optimal within each class), and any buffers
+    sharing (best fit by size). Why both: NASNet-A-large's many shapes left the first little to share — 158 MiB
+    for its sequential program on worker threads, where TVM's own plan for the VM needs 43 MiB.
     """
+    sizes = [tensor_nbytes(buf["shape"], buf["dtype"]) for buf in buffers]
+    options = [_same_shape_storage(buffers, live), _best_fit_storage(sizes, live)]
+
+    def total(ids: list[int]) -> int:
+        most: dict[int, int] = {}
+        for sid, n in zip(ids, sizes):
+            most[sid] = max(most.get(sid, 0), n)
+        return sum(most.values())
+
+    for buf, sid in zip(buffers, min(options, key=total)):
+        buf["storage"] = sid
+
+
+def _same_shape_storage(buffers: list[dict], live: list[tuple[int, int]]) -> list[int]:
+    """Storage ids shared only within a (shape, dtype) class: greedy by start time."""
+    ids = [0] * len(buffers)
     order = sorted(range(len(buffers)), key=lambda b: (live[b][0], live[b][1], b))
     free: dict[tuple, list[tuple[int, int]]] = {}  # key -> [(last_stage, storage)]
     next_id = 0
@@ -207,4 +226,27 @@ def assign_storage(buffers: list[dict], live: list[tuple[int, int]]) -> None:
         else:
             sid = pool[chosen][1]
             pool[chosen] = (end, sid)
-        buffers[b]["storage"] = sid
+        ids[b] = sid
+    return ids
+
+
+def _best_fit_storage(sizes: list[int], live: list[tuple[int, int]]) -> list[int]:
+    """Storage ids shared by any buffers with disjoint intervals, by start time: the smallest free storage that
+    holds the buffer, else the largest free one (which grows), else a new one."""
+    ids = [0] * len(sizes)
+    order = sorted(range(len(sizes)), key=lambda b: (live[b][0], live[b][1], b))
+    storages: list[list[int]] = []   # [last stage, size, id]
+    for b in order:
+        start, end = live[b]
+        free = [st for st in storages if st[0] < start]
+        fits = [st for st in free if st[1] >= sizes[b]]
+        if fits:
+            st = min(fits, key=lambda x: (x[1], x[2]))
+        elif free:
+            st = max(free, key=lambda x: (x[1], -x[2]))
+        else:
+            st = [end, 0, len(storages)]
+            storages.append(st)
+        st[0], st[1] = end, max(st[1], sizes[b])
+        ids[b] = st[2]
+    return ids

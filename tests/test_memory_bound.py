@@ -64,12 +64,12 @@ def test_a_bound_that_one_group_per_stage_cannot_meet_ships_the_sequential_order
     """When even one group per stage exceeds the bound (a schedule's stage order can keep tensors alive longer
     than the sequential program's: NASNet-A-mobile's lios schedule, 1.62x), the sequential order ships, which
     meets it; the schedule keeps its scheduler and options. Without that, the tightened schedule shipped over the
-    bound. GoogLeNet's narrow greedy schedule at one group per stage needs 1.02x; the bound is set between."""
+    bound. GoogLeNet's lios schedule at one group per stage needs 1.15x; the bound is set between."""
     from tvm_interop.models import get_model, small_config
     from tvm_interop.passes.lower import make_plan
 
     program = tvm_interop.api.prepare_program(get_model("googlenet", **small_config("googlenet")))
-    s = schedule_graph(program.graph, "greedy")
+    s = schedule_graph(program.graph, "lios")
     seq = schedule_graph(program.graph, "sequential", "unit")
     seq_bytes = make_plan(program, seq).storage_bytes()
     one_group = make_plan(program, limit_concurrency(s, 1)).storage_bytes()
@@ -92,11 +92,11 @@ def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential():
 
     mod = get_model("googlenet", **small_config("googlenet"))
     program = tvm_interop.api.prepare_program(mod)
-    s = schedule_graph(program.graph, "greedy")
+    s = schedule_graph(program.graph, "lios")
     seq_bytes = make_plan(program, schedule_graph(program.graph, "sequential", "unit")).storage_bytes()
     one_group = make_plan(program, limit_concurrency(s, 1)).storage_bytes()
     limit = (seq_bytes + one_group) / 2 / seq_bytes
-    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", max_memory_ratio=limit)
+    cm = tvm_interop.compile(mod, scheduler="lios", cost="unit", max_memory_ratio=limit)
     try:
         assert cm.memory.sequential_fallback and cm.schedule.max_concurrency() == 1
         assert cm.guard is None and "guard" not in cm.timings
@@ -108,7 +108,7 @@ def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential():
     finally:
         cm.close()
     # with concurrency left (no bound), the default guard still times the schedule
-    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", max_memory_ratio=None)
+    cm = tvm_interop.compile(mod, scheduler="lios", cost="unit", max_memory_ratio=None)
     try:
         assert cm.schedule.max_concurrency() > 1 or cm.schedule.scheduler == "sequential"
         assert cm.guard is not None and "guard" in cm.timings
