@@ -107,6 +107,12 @@ def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential():
         np.testing.assert_allclose(cm.run(x), tvm_interop.run_reference(mod, [x]), rtol=1e-4, atol=1e-4)
     finally:
         cm.close()
+    # guard=True times it anyway, as asked
+    cm = tvm_interop.compile(mod, scheduler="lios", cost="unit", max_memory_ratio=limit, guard=True)
+    try:
+        assert cm.schedule.max_concurrency() == 1 and cm.guard is not None and "guard" in cm.timings
+    finally:
+        cm.close()
     # with concurrency left (no bound), the default guard still times the schedule
     cm = tvm_interop.compile(mod, scheduler="lios", cost="unit", max_memory_ratio=None)
     try:
