@@ -176,7 +176,8 @@ def with_binary_cuda_modules(blob: bytes, arches: list[str], sources: list[str] 
         else:
             raise InteropError(f"cannot pair {len(cuda)} compiled CUDA module(s) with their sources to rebuild them "
                                "for the requested arches")
-        mods[i] = ("cuda", length_prefixed(BINARY_FORMAT.encode()) + fmap + length_prefixed(compile_fatbin(source, arches)))
+        code = compile_fatbin(source, arches)
+        mods[i] = ("cuda", length_prefixed(BINARY_FORMAT.encode()) + fmap + length_prefixed(code))
     return join_library_blob(header, mods)
 
 

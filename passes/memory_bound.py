@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from tvm_interop.runtime.plan import tensor_nbytes
+
 from .lower import make_plan
 from .schedule import CONCURRENT, Schedule, Stage
 from .schedulers import schedule_graph
@@ -77,7 +79,9 @@ def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ra
     def nbytes(s, m):
         plan = make_plan(program, s, mode=m)
         # dependency mode executors give every buffer its own storage
-        return plan.storage_bytes() if m == "stage" else sum(_nbytes(b) for b in plan.buffers)
+        if m == "stage":
+            return plan.storage_bytes()
+        return sum(tensor_nbytes(b["shape"], b["dtype"]) for b in plan.buffers)
 
     cur, cur_mode = schedule, mode
     used = nbytes(cur, cur_mode)
@@ -112,9 +116,3 @@ def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ra
     return cur, cur_mode, report
 
 
-def _nbytes(buf: dict) -> int:
-    n = 1
-    for d in buf["shape"]:
-        n *= int(d)
-    bits = int("".join(ch for ch in buf["dtype"] if ch.isdigit()) or 32)
-    return n * max(1, bits // 8)

@@ -90,11 +90,7 @@ class ExecutionPlan:
         return 1 + max((b["storage"] for b in self.buffers), default=-1)
 
     def storage_bytes(self) -> int:
-        sizes: dict[int, int] = {}
-        for b in self.buffers:
-            n = tensor_nbytes(b["shape"], b["dtype"])
-            sizes[b["storage"]] = max(sizes.get(b["storage"], 0), n)
-        return sum(sizes.values())
+        return sum(storage_sizes(self.buffers, [b["storage"] for b in self.buffers]).values())
 
     def max_concurrency(self) -> int:
         return max((len(s) for s in self.stages), default=1)
@@ -180,6 +176,14 @@ def tensor_nbytes(shape, dtype: str) -> int:
     return n * max(1, bits // 8)
 
 
+def storage_sizes(buffers: list[dict], storage_ids: list[int]) -> dict[int, int]:
+    """Bytes of each storage: its largest buffer (``storage_ids[b]`` holds buffer ``b``)."""
+    sizes: dict[int, int] = {}
+    for buf, sid in zip(buffers, storage_ids):
+        sizes[sid] = max(sizes.get(sid, 0), tensor_nbytes(buf["shape"], buf["dtype"]))
+    return sizes
+
+
 def assign_storage(buffers: list[dict], live: list[tuple[int, int]]) -> None:
     """Give buffers storage ids so that two buffers share storage only if their live intervals are disjoint.
 
@@ -193,14 +197,7 @@ def assign_storage(buffers: list[dict], live: list[tuple[int, int]]) -> None:
     """
     sizes = [tensor_nbytes(buf["shape"], buf["dtype"]) for buf in buffers]
     options = [_same_shape_storage(buffers, live), _best_fit_storage(sizes, live)]
-
-    def total(ids: list[int]) -> int:
-        most: dict[int, int] = {}
-        for sid, n in zip(ids, sizes):
-            most[sid] = max(most.get(sid, 0), n)
-        return sum(most.values())
-
-    for buf, sid in zip(buffers, min(options, key=total)):
+    for buf, sid in zip(buffers, min(options, key=lambda ids: sum(storage_sizes(buffers, ids).values()))):
         buf["storage"] = sid
 
 

@@ -20,7 +20,7 @@ import threading
 from typing import Callable, Sequence
 
 from .errors import InteropError
-from .plan import ExecutionPlan, check_run_inputs, tensor_nbytes
+from .plan import ExecutionPlan, check_run_inputs, storage_sizes
 
 # Must happen before the first parallel kernel starts a TVM thread pool.
 os.environ.setdefault("TVM_BIND_THREADS", "0")
@@ -118,10 +118,8 @@ class ThreadExecutor:
         # Dependency mode has no barriers, so no interval is known to be over: every buffer gets its own storage.
         # A storage holds its largest buffer; every buffer is a view of it from its start (shapes may differ).
         storage_of = [b["storage"] if mode == "stage" else i for i, b in enumerate(plan.buffers)]
-        need: dict[int, int] = {}
-        for b, sid in zip(plan.buffers, storage_of):
-            need[sid] = max(need.get(sid, 0), tensor_nbytes(b["shape"], b["dtype"]))
-        self.storages = {sid: tvm.runtime.empty((max(1, n),), "uint8", self.device) for sid, n in need.items()}
+        self.storages = {sid: tvm.runtime.empty((max(1, n),), "uint8", self.device)
+                         for sid, n in storage_sizes(plan.buffers, storage_of).items()}
         self.buffers = [self.storages[sid]._create_view(tuple(b["shape"]), b["dtype"])
                         for b, sid in zip(plan.buffers, storage_of)]
         self._call_fns = [self._bind(i) for i in range(len(plan.calls))]
