@@ -56,6 +56,7 @@ class DeviceSearchResult:
     history: list = field(default_factory=list)
     candidates: list = field(default_factory=list)   # every pick so far: name, predicted and measured ms
     directory: str = ""
+    cost: dict = field(default_factory=dict)         # optimisation_cost(): host search + device seconds so far
 
     @property
     def measure_command(self) -> str | None:
@@ -165,6 +166,8 @@ def _merge_results(state: _State, table: dict, graph) -> dict:
     d["history"].append({"round": pending["round"], "stages_measured": len(table["stages"]),
                          "programs_measured": len(table.get("programs", [])),
                          "device_seconds": table.get("seconds"),
+                         # the host's share of the round: its search and bundle build (None: an older state)
+                         "search_seconds": pending.get("search_seconds"),
                          "best_measured_ms": _best_measured(d)[1]})
     d["pending"] = None
     return merged
@@ -240,6 +243,7 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
     while True:
         if d["round"] >= rounds:
             break
+        t_round = time.perf_counter()
         cost = _round_cost_model(state, graph, fallback_cost)
         picks = []
         for name in names:
@@ -296,11 +300,12 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
         build_profile_bundle(program, target, bdir, BundleOptions(**(bundle_options or {})),
                              stages=list(new_stages.values()), programs=programs)
         d["pending"] = {"round": d["round"] + 1, "bundle": bdir, "stages": len(new_stages),
-                        "programs": len(programs)}
+                        "programs": len(programs), "search_seconds": time.perf_counter() - t_round}
         state.save()
         say(f"round {d['round'] + 1}: {len(new_stages)} stages and {len(programs)} programs to measure -> {bdir}")
         if fleet is None:
-            return DeviceSearchResult("waiting", None, bdir, list(d["history"]), _candidate_rows(d), directory)
+            return DeviceSearchResult("waiting", None, bdir, list(d["history"]), _candidate_rows(d), directory,
+                                      optimisation_cost(d))
         from .fleet.bundle import measure_bundle_on_fleet
 
         table = measure_bundle_on_fleet(bdir, fleet, out=os.path.join(bdir, "costs.json"))
@@ -318,10 +323,27 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
                                      "candidates": _candidate_rows(d),
                                      "seconds_this_call": time.perf_counter() - t0}
     sched.search["device_search"]["clock"] = d.get("clock", "issue")
+    sched.search["device_search"]["optimisation_cost"] = optimisation_cost(d)
     sched.search["shipped_because"] = (f"lowest measured whole-program latency ({best_ms:.3f} ms, "
                                        f"{d.get('clock', 'issue')} clock) of the picks")
     state.save()
-    return DeviceSearchResult("done", sched, None, list(d["history"]), _candidate_rows(d), directory)
+    return DeviceSearchResult("done", sched, None, list(d["history"]), _candidate_rows(d), directory,
+                              optimisation_cost(d))
+
+
+def optimisation_cost(d: dict) -> dict:
+    """What the search has cost so far, the number IOS publishes beside its schedules: the host's search and
+    bundle builds plus the device's measuring, summed over the rounds (the waiting round's search included).
+    Rounds recorded before the search time was kept are counted in ``unrecorded_rounds``, not guessed."""
+    rounds = list(d.get("history", []))
+    searched = [h.get("search_seconds") for h in rounds]
+    pending = d.get("pending") or {}
+    if pending:
+        searched.append(pending.get("search_seconds"))
+    device = [h.get("device_seconds") for h in rounds]
+    return {"search_seconds": sum(s for s in searched if s is not None),
+            "device_seconds": sum(s for s in device if s is not None),
+            "unrecorded_rounds": sum(1 for s in searched if s is None)}
 
 
 def _candidate_rows(d: dict) -> list[dict]:

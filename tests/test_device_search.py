@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,11 @@ def test_rounds_by_hand_until_the_picks_are_measured(program, tmp_path):
 
     assert all(stage_key(st.groups) in keys for st in sched.stages)   # the shipped pick is all measurement
     sched.validate(program.graph)
+    # the optimisation cost (IOS's published figure): every round's search here plus its measuring there
+    cost = info["optimisation_cost"]
+    assert cost["unrecorded_rounds"] == 0 and cost["search_seconds"] > 0
+    assert cost["device_seconds"] == pytest.approx(sum(h["device_seconds"] for h in res.history))
+    assert all(h["search_seconds"] > 0 for h in res.history) and res.cost == cost
     # a finished search answers again without a new round
     again = device_search(program, "llvm", d, top_k=2, rounds=3)
     assert again.status == "done" and again.schedule.measured_latency == sched.measured_latency
@@ -130,6 +136,10 @@ def test_cli_active_round_trip(tmp_path, capsys):
     assert main([*base, "--import", _measure(out["bundle"]), "-o", sched_path, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "done" and out["measured_ms"] > 0 and os.path.exists(sched_path)
+    assert out["optimisation_cost"]["search_seconds"] > 0 and out["optimisation_cost"]["device_seconds"] > 0
+    assert main(base) == 0   # the finished search, as text: its cost line
+    assert re.search(r"optimisation cost so far: [\d.]+ s searching here \+ [\d.]+ s measuring on the device = ",
+                     capsys.readouterr().out)
     assert main(["schedule", "squeezenet", "--import", "x.json"]) == 1
     assert "belong to --active" in capsys.readouterr().err
 

@@ -417,7 +417,8 @@ def _run_active(args, fleet) -> int:
            "measure_command": res.measure_command, "history": res.history, "candidates": res.candidates,
            "shipped": None if res.schedule is None else res.schedule.search["device_search"]["shipped"],
            "measured_ms": None if res.schedule is None else res.schedule.measured_latency * 1e3,
-           "output": args.output, "fleet": fleet.report() if fleet is not None else None}
+           "output": args.output, "fleet": fleet.report() if fleet is not None else None,
+           "optimisation_cost": res.cost}
     if args.json:
         print_json(out)
         return 0
@@ -435,4 +436,15 @@ def _run_active(args, fleet) -> int:
         print(f"shipped {out['shipped']}: {measured} {out['measured_ms']:.3f} ms on "
               f"{res.schedule.search['device_search']['device']}"
               + (f" -> {args.output}" if args.output else ""))
+    print(_cost_line(res.cost, measured))
     return 0
+
+
+def _cost_line(cost: dict, measured: str) -> str:
+    """The search's cost so far, as IOS reports its optimisation cost: host search plus device time."""
+    where = "answering from the stand-in" if measured != "measured" else "measuring on the device"
+    line = (f"optimisation cost so far: {cost['search_seconds']:.1f} s searching here + "
+            f"{cost['device_seconds']:.1f} s {where} = {cost['search_seconds'] + cost['device_seconds']:.1f} s")
+    if cost["unrecorded_rounds"]:
+        line += f" ({cost['unrecorded_rounds']} round(s) searched before search times were recorded: not included)"
+    return line
