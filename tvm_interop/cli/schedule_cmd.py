@@ -443,8 +443,12 @@ def _run_active(args, fleet) -> int:
 def _cost_line(cost: dict, measured: str) -> str:
     """The search's cost so far, as IOS reports its optimisation cost: host search plus device time."""
     where = "answering from the stand-in" if measured != "measured" else "measuring on the device"
-    line = (f"optimisation cost so far: {cost['search_seconds']:.1f} s searching here + "
-            f"{cost['device_seconds']:.1f} s {where} = {cost['search_seconds'] + cost['device_seconds']:.1f} s")
+    device = f"{cost['device_seconds']:.1f} s {where}"
+    if cost["unrecorded_rounds"] and not cost["search_seconds"]:
+        return (f"optimisation cost so far: {device}; the search time of its {cost['unrecorded_rounds']} round(s) "
+                "was not recorded (searched before the state kept it)")
+    line = (f"optimisation cost so far: {cost['search_seconds']:.1f} s searching here + {device} = "
+            f"{cost['search_seconds'] + cost['device_seconds']:.1f} s")
     if cost["unrecorded_rounds"]:
         line += f" ({cost['unrecorded_rounds']} round(s) searched before search times were recorded: not included)"
     return line
