@@ -151,14 +151,19 @@ class ChainCost(CostModel):
         return self.inner.device_fingerprint
 
 
-class _ChainTokenCost(ChainCost):
-    """:class:`ChainCost` for a model with the token and bound hooks (e.g. ``SimulatedDevice``)."""
+class _ChainTokens(ChainCost):
+    """:class:`ChainCost` for a model with the token hooks (e.g. ``LearnedCostModel``): the searches' fast path
+    without building unit lists per stage."""
 
     def unit_token(self, unit: Unit) -> tuple:
         return tuple(self.inner.unit_token(k) for k in self.kernels_of(unit))
 
     def stage_latency_tokens(self, groups: tuple) -> float:
         return self.inner.stage_latency_tokens(tuple(tuple(t for chain in g for t in chain) for g in groups))
+
+
+class _ChainTokenCost(_ChainTokens):
+    """:class:`ChainCost` for a model with the token and bound hooks (e.g. ``SimulatedDevice``)."""
 
     def unit_bound_terms(self, unit: Unit) -> tuple[float, float]:
         terms = [self.inner.unit_bound_terms(k) for k in self.kernels_of(unit)]
@@ -173,6 +178,7 @@ def chain_cost(cost: CostModel, contraction: Contraction) -> CostModel:
     ``cost`` offers them)."""
     if not contraction.contracted:
         return cost
-    hooks = ("unit_token", "stage_latency_tokens", "unit_bound_terms", "concurrent_bound_params")
-    cls = _ChainTokenCost if all(hasattr(cost, h) for h in hooks) else ChainCost
+    tokens = all(hasattr(cost, h) for h in ("unit_token", "stage_latency_tokens"))
+    bounds = all(hasattr(cost, h) for h in ("unit_bound_terms", "concurrent_bound_params"))
+    cls = (_ChainTokenCost if bounds else _ChainTokens) if tokens else ChainCost
     return cls(cost, contraction)

@@ -202,6 +202,12 @@ def _round_cost_model(state: _State, graph, fallback_spec: str):
     return model
 
 
+def _is_learned(cost) -> bool:
+    from .cost.learned import LearnedCostModel
+
+    return isinstance(cost, LearnedCostModel)
+
+
 # ------------------------------------------------------------------------------------------------ the search
 def device_search(program, target, directory: str, *, scheduler: str = "ios", top_k: int = 3, rounds: int = 4,
                   schedulers: tuple[str, ...] | None = None, fleet=None, import_path: str | None = None,
@@ -246,14 +252,20 @@ def device_search(program, target, directory: str, *, scheduler: str = "ios", to
         t_round = time.perf_counter()
         cost = _round_cost_model(state, graph, fallback_cost)
         picks = []
+        priced_by = "the simulated device" if d["round"] == 0 else (
+            "the measured table" + (" + learned stages" if _is_learned(cost) else ""))
         for name in names:
             # a bundle cannot build IOS's merged kernels (passes.profile_bundle): concurrent stages only
             opts = {"guard": False, "merge": False} if name == "ios" else {}
+            say(f"round {d['round'] + 1}: {name} searching under {priced_by} ...")
+            t_search = time.perf_counter()
             try:
                 s = schedule_graph(graph, name, cost, model_name=model_name, batch=batch, **opts)
             except InteropError as err:
                 log.warning("device search: %s failed under the round's cost (%s)", name, err)
                 continue
+            say(f"round {d['round'] + 1}: {name} predicts {(s.predicted_latency or 0.0) * 1e3:.3f} ms "
+                f"({time.perf_counter() - t_search:.1f} s)")
             picks.append((s.predicted_latency or 0.0, name, s))
         picks.sort(key=lambda p: p[0])
         chosen, seen = [], set()

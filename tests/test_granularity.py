@@ -160,6 +160,43 @@ def test_chain_cost_asks_the_wrapped_model_about_kernels_only():
         SIM.stage_latency([[g.unit("a"), g.unit("b")], [g.unit("d")]]))
 
 
+class _TokenOnly(UnitCostModel):
+    """A model with the searches' token hooks and no bound hooks, as the learned model of the device search's later
+    rounds: a concurrent stage costs its slowest group plus a tenth of the others (deterministic, not additive)."""
+
+    def unit_token(self, unit):
+        return (unit.name, self.unit_latency(unit))
+
+    def stage_latency_tokens(self, groups):
+        sums = sorted((sum(t[1] for t in g) for g in groups), reverse=True)
+        return sums[0] + 0.1 * sum(sums[1:])
+
+    def stage_latency(self, groups, strategy="concurrent"):
+        return self.stage_latency_tokens([[self.unit_token(u) for u in g] for g in groups if len(g)])
+
+
+def test_a_model_with_tokens_but_no_bounds_keeps_the_fast_path_through_chains():
+    """The learned model has tokens but no sharper bound: wrapped for chains it keeps the token path (the ios
+    search of RandWire's learned rounds spent most of its time building unit lists without it), and the search
+    finds the same schedules as through the plain wrapper."""
+    model = _TokenOnly()
+    ios = get_scheduler("ios")
+    checked = 0
+    for g in _random(40, 5, 9, offset=500):
+        con = contract_chains(g)
+        if not con.contracted:
+            continue
+        fast = chain_cost(model, con)
+        assert hasattr(fast, "stage_latency_tokens") and not hasattr(fast, "concurrent_bound_params")
+        slow = ChainCost(model, con)
+        a = ios(con.graph, fast, r=None, s=None, merge=False, guard=False)
+        b = ios(con.graph, slow, r=None, s=None, merge=False, guard=False)
+        assert [st.groups for st in a.stages] == [st.groups for st in b.stages]
+        assert schedule_cost(a.stages, con.graph, fast) == schedule_cost(b.stages, con.graph, slow)
+        checked += 1
+    assert checked >= 10
+
+
 def test_a_merge_stage_of_a_chain_is_refused():
     members = {"a+b": ["a", "b"], "c": ["c"]}
     assert expand_stages([Stage([["a+b"], ["c"]])], members)[0].groups == [["a", "b"], ["c"]]
