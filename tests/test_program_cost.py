@@ -526,3 +526,30 @@ def test_transfer_reads_the_wait_placement_of_a_build_of_both():
     both, start, consumer = predictions("stage-start,consumer"), predictions("stage-start"), predictions("consumer")
     assert both == start and len(both) >= 8
     assert any(both[v] != consumer[v] for v in both if "(dependency)" in v)
+
+
+def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times():
+    """``gpu_cost_transfer.py --clock device``: each unit's device-clock latency from the table's single-unit stages,
+    as latencies that are not timings; a table without device times is refused naming its model (the H200 RandWire
+    unit table of the active search of 2026-11-27, shipped in docs/)."""
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    try:
+        import gpu_cost_transfer
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(root, "docs", "unit_costs_h200_2026-11-27_active", "randwire.json"), encoding="utf-8") as f:
+        table = json.load(f)
+    issue, n_issue = gpu_cost_transfer.unit_latencies(table, "issue")
+    device, n_device = gpu_cost_transfer.unit_latencies(table, "device")
+    assert (n_issue, n_device) == (table["number"], 0) and set(issue) == set(device) == set(table["units"])
+    one = next(st for st in table["stages"] if len(st["groups"]) == 1 and len(st["groups"][0]) == 1)
+    assert device[one["groups"][0][0]] == one["device_latency"]
+    # RandWire's tiny kernels: the issue clock times the host's launch rate, the device clock the kernels
+    assert sum(device.values()) < 0.8 * sum(issue.values())
+    bare = dict(table, stages=[{k: v for k, v in st.items() if k != "device_latency"} for st in table["stages"]])
+    with pytest.raises(SystemExit, match="randwire table has no device-clock time for 276 of its 276 units"):
+        gpu_cost_transfer.unit_latencies(bare, "device")
