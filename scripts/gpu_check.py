@@ -166,6 +166,10 @@ def main(argv=None) -> int:
     r.add_argument("--no-kernel-profile", action="store_true",
                    help="skip the per-kernel profiles (torch.profiler) of PyTorch eager and of our sequential "
                         "library programs")
+    r.add_argument("--timeline", action="append", default=[], metavar="VARIANT",
+                   help="also profile this variant of every model that has it (e.g. 'lios (dependency) + CUDA "
+                        "graph'; repeatable): its kernels' summed device time, the time at least one ran and their "
+                        "concurrency, after every timing (needs PyTorch with CUDA)")
     r.set_defaults(func=cmd_run)
     g = sub.add_parser("diagnose", help="there: run concurrent variants repeatedly, and serialized; find races")
     g.add_argument("--dir", default=DEFAULT_DIR)

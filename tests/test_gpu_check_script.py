@@ -727,6 +727,30 @@ def test_kernel_profiles_are_summarised_and_reported():
     assert "**sequential, measured cuDNN engines**: 175 us" in md
 
 
+def test_timelines_separate_overlap_from_longer_kernels():
+    """``run --timeline VARIANT`` (``kernel_profile.timeline_summary``): per call the kernels' summed device time,
+    the union of their intervals (busy) and the concurrency; two programs of the same kernels, one overlapping and
+    one serial, differ in busy time, not in device time; and the report's table. Illustrative intervals."""
+    from gpucheck import report as gcreport
+    from gpucheck.kernel_profile import render_timelines, timeline_summary
+
+    # two calls; each: kernels [0, 10) and [2, 6) overlap, then [12, 15): device 17, busy 13
+    overlapping = [(0, 10), (2, 6), (12, 15), (100, 110), (102, 106), (112, 115)]
+    serial = [(0, 10), (10, 14), (14, 17), (100, 110), (110, 114), (114, 117)]
+    a, b = timeline_summary(overlapping, runs=2), timeline_summary(serial, runs=2)
+    assert a["device_us"] == b["device_us"] == pytest.approx(17.0) and a["ops_per_run"] == 3
+    assert a["busy_us"] == pytest.approx(13.0) and b["busy_us"] == pytest.approx(17.0)
+    assert a["concurrency"] == pytest.approx(17 / 13) and b["concurrency"] == pytest.approx(1.0)
+    assert timeline_summary([(0, 5), (1, 2), (3, 9)], runs=1)["busy_us"] == pytest.approx(9.0)   # nested, chained
+    a["median_ms"] = 0.020
+    lines = render_timelines({"lios (dependency)": a, "lios (dependency) + CUDA graph": {"error": "RuntimeError: x"}})
+    assert "| lios (dependency) | 0.020 | 3 | 17 | 13 | 1.31 | 7 |" in lines
+    assert any(line.startswith("| lios (dependency) + CUDA graph | no profile: RuntimeError: x") for line in lines)
+    md = gcreport.render_markdown({"models": [{"name": "m", "units": 3, "image_size": 32, "variants": [],
+                                               "timelines": {"lios (dependency)": a}}]})
+    assert "| lios (dependency) | 0.020 | 3 | 17 | 13 | 1.31 | 7 |" in md
+
+
 def test_run_takes_models_in_the_order_given_with_their_entries():
     """``run --models b,a``: b's entries first (a run cut off by the device's limit keeps the most wanted), a
     model's name selecting its +cudnn entries too; without --models, the manifest's order."""

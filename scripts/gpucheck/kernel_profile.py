@@ -83,6 +83,73 @@ def profile_kernels(fn: Callable[[], object], sync: Callable[[], None], runs: in
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def timeline_summary(intervals: list[tuple[float, float]], runs: int) -> dict:
+    """Per call, from the (start, end) microseconds of every kernel and copy of ``runs`` calls: their summed device
+    time, the time at least one of them ran (the union of the intervals), and the mean concurrency (sum / union).
+
+    Why: a multi-stream program can be slower as a CUDA graph than launched directly (NASNet-A-large on an H200,
+    2026-11-27: lios (dependency) 8.08 ms direct, 9.92 ms as a graph). Either its kernels overlap less (the sum
+    stays, the union grows) or they run longer side by side (the sum grows); the two numbers tell which."""
+    total = busy = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        total += end - start
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None:
+        busy += cur_end - cur_start
+    return {"runs": runs, "ops_per_run": len(intervals) / runs, "device_us": total / runs, "busy_us": busy / runs,
+            "concurrency": total / busy if busy > 0 else 0.0}
+
+
+def profile_timeline(fn: Callable[[], object], sync: Callable[[], None], runs: int = RUNS) -> dict:
+    """``fn`` called ``runs`` times under the CUDA profiler: :func:`timeline_summary` of its kernels and copies;
+    or ``{"error": ...}`` when the profiler is missing or fails."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                fn()
+            sync()
+        spans = [(float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+                 if _is_device_event(e) and e.time_range.end > e.time_range.start]
+        if not spans:
+            return {"error": "the profiler recorded no kernel"}
+        return timeline_summary(spans, runs)
+    except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def render_timelines(timelines: dict) -> list[str]:
+    """Markdown: per profiled variant its median, device time summed, busy time and concurrency."""
+    if not timelines:
+        return []
+    lines = ["Kernel timelines (CUDA profiler; per call, "
+             f"{next(iter(timelines.values())).get('runs', RUNS)} calls after one unprofiled call): *device* is the "
+             "kernels' and copies' summed time, *busy* the time at least one ran, *concurrency* device / busy, "
+             "*not busy* the median minus busy (host, launch and sync gaps).", "",
+             "| variant | median ms | ops per call | device us | busy us | concurrency | not busy us |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, t in timelines.items():
+        if "error" in t:
+            lines.append(f"| {name} | no profile: {t['error'][:80]} | | | | | |")
+            continue
+        med = t.get("median_ms")
+        median = "—" if med is None else f"{med:.3f}"
+        idle = "—" if med is None else f"{med * 1e3 - t['busy_us']:.0f}"
+        lines.append(f"| {name} | {median} | {t['ops_per_run']:.0f} | {t['device_us']:.0f} | {t['busy_us']:.0f} | "
+                     f"{t['concurrency']:.2f} | {idle} |")
+    lines.append("")
+    return lines
+
+
 def render_profiles(profiles: list[tuple[str, dict]]) -> list[str]:
     """Markdown: per profiled program its device time per run by class, then its top kernels."""
     profiles = [(label, p) for label, p in profiles if p]

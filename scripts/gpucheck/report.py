@@ -9,7 +9,7 @@ import sys
 
 from .common import REPO
 from .device import render_environment
-from .kernel_profile import render_profiles
+from .kernel_profile import render_profiles, render_timelines
 from .probe import render_probe
 from .targets import render_targets
 
@@ -114,6 +114,7 @@ def render_markdown(result: dict) -> str:
         lines += _library_host_table(m)
         lines += _cudnn_engines_lines(m)
         lines += _kernel_profile_lines(m)
+        lines += render_timelines(m.get("timelines") or {})
         lines += _unit_costs_lines(m)
     return "\n".join(lines) + "\n"
 

@@ -20,7 +20,7 @@ from tvm_interop.runtime.model import load_tvm_module
 from .common import WAVE, derive_weights
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
                      runtime_only_status)
-from .kernel_profile import profile_kernels
+from .kernel_profile import profile_kernels, profile_timeline
 from .report import render_markdown
 from .torch_replay import torch_runner
 
@@ -536,6 +536,26 @@ def run_profiles(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
     return out
 
 
+def run_timelines(args, manifest: dict, entry: dict, model: dict, dev) -> dict:
+    """``--timeline VARIANT``: each named variant of the entry under the CUDA profiler
+    (``kernel_profile.profile_timeline``), with the median this run timed for it. Last in the run, like the
+    kernel profiles: the profiler must not touch a measured number."""
+    medians = {v["name"]: v.get("median_ms") for v in model["variants"]}
+    out: dict[str, dict] = {}
+    variants = Variants(args.dir, entry, manifest["seed"], dev)
+    try:
+        for var in entry["variants"]:
+            if var["name"] not in args.timeline:
+                continue
+            t = profile_timeline(variants.call(var), dev.sync)
+            if "error" not in t and medians.get(var["name"]):
+                t["median_ms"] = medians[var["name"]]
+            out[var["name"]] = t
+    finally:
+        variants.close()
+    return out
+
+
 def engine_choice_summary(choices: dict) -> dict:
     """``cudnn_conv_choices()`` in short: per shape the legacy and the chosen time, and how many chose a graph
     engine; the reasons candidates were dropped, counted."""
@@ -676,6 +696,19 @@ def cmd_run(args) -> int:
                 model["kernel_profiles"] = run_profiles(args, manifest, entry, model, dev)
             except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
                 model["kernel_profiles"] = {"all": {"error": _error_text(e)}}
+            _write(args.out, result)
+    if result["torch"] is not None and getattr(args, "timeline", None):
+        for entry, model in zip(entries, result["models"]):
+            if not any(v["name"] in args.timeline for v in entry["variants"]):
+                continue
+            try:
+                model["timelines"] = run_timelines(args, manifest, entry, model, dev)
+            except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
+                model["timelines"] = {"all": {"error": _error_text(e)}}
+            log(f"  {entry['name']:16s} timelines: " + "; ".join(
+                f"{n} " + (t["error"] if "error" in t else f"busy {t['busy_us']:.0f} us, concurrency "
+                                                           f"{t['concurrency']:.2f}")
+                for n, t in model["timelines"].items()))
             _write(args.out, result)
     result["runtime_only"] = runtime_only_status()
     _write(args.out, result)
