@@ -105,16 +105,20 @@ def gpu_check_cells(run: dict, model: str, label: str = "active") -> list[dict]:
 
 
 def optimisation_cost(model: str, state: dict, command_seconds: dict | None) -> dict:
-    device = sum(h.get("device_seconds") or 0.0 for h in state["history"])
-    recorded = [h.get("search_seconds") for h in state["history"]]
-    if all(s is not None for s in recorded):
-        host, source = sum(recorded), "the state's own search_seconds"
+    """Device seconds from the rounds' tables; host seconds from the state when every round recorded its search
+    (``passes.device_search.optimisation_cost``), else from the calls' wall times in ``command_seconds``."""
+    from tvm_interop.passes.device_search import optimisation_cost as recorded
+
+    rec = recorded(state)
+    if rec["unrecorded_rounds"] == 0:
+        host, source = rec["search_seconds"], "the state's own search_seconds"
     elif command_seconds and model in command_seconds:
         host, source = sum(command_seconds[model].values()), "command_seconds.json (wall of every call)"
     else:
         host, source = None, "not recorded"
-    total = None if host is None else host + device
-    return {"device_seconds": device, "host_seconds": host, "host_source": source, "total_seconds": total,
+    device = rec["device_seconds"]
+    return {"device_seconds": device, "host_seconds": host, "host_source": source,
+            "total_seconds": None if host is None else host + device,
             "ios_published_seconds": IOS_PUBLISHED.get(model)}
 
 

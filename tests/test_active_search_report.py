@@ -64,3 +64,18 @@ def test_markdown_names_every_model_and_the_targets(rep):
     for model in ("inception_v3", "randwire", "nasnet_a_large"):
         assert f"## {model}" in md
     assert "median <= 10%, worst <= 25%" in md and "IOS published" in md
+
+
+def test_optimisation_cost_prefers_the_state_s_own_search_times():
+    """A state whose rounds recorded their search time (every state written since 2026-11-27) is costed from it;
+    an older one from the calls' wall times when given, else its host time is "not recorded", never guessed."""
+    history = [{"round": 1, "device_seconds": 9.0, "search_seconds": 40.0},
+               {"round": 2, "device_seconds": 3.0, "search_seconds": 45.0}]
+    state = {"history": history, "pending": {"round": 3, "search_seconds": 30.0}}
+    got = asr.optimisation_cost("inception_v3", state, {"inception_v3": {"1": 1.0}})
+    assert got["host_seconds"] == pytest.approx(115.0) and got["device_seconds"] == pytest.approx(12.0)
+    assert got["total_seconds"] == pytest.approx(127.0) and got["ios_published_seconds"] == 48.0
+    old = {"history": [{k: v for k, v in h.items() if k != "search_seconds"} for h in history], "pending": None}
+    assert asr.optimisation_cost("inception_v3", old, {"inception_v3": {"1": 41.0, "2": 45.0}})["host_seconds"] == 86.0
+    none = asr.optimisation_cost("inception_v3", old, None)
+    assert none["host_seconds"] is None and none["total_seconds"] is None and none["host_source"] == "not recorded"
