@@ -63,6 +63,7 @@ BUNDLE_FORMAT = "tvm-interop-profile-bundle"
 BUNDLE_VERSION = 1
 STAGE_FUNC = "__tvm_interop_stage{}"
 PROGRAM_FUNC = "__tvm_interop_program{}"
+PROGRAM_MODES = ("stage", "dependency")   # how a whole program is issued: the two lowerings of a schedule
 LIBRARY = "bundle.so"
 PLAN = "bundle.json"
 
@@ -235,24 +236,55 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
             if concurrent:
                 bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
             for u in g:
-                spec = units[u]
-                tensor_args = [params[t] for t in spec["args"] + spec["outs"]]
-                if "params" in spec:
-                    bb.emit(em.packed(spec["func"], relax.ShapeExpr(spec["params"]), *tensor_args), name_hint=u)
-                else:
-                    bb.emit(relax.Call(prim_gvs[spec["func"]], tensor_args), name_hint=u)
+                emit_unit(u, params)
         if concurrent:
             bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
             for s in used_s:
                 bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, svars[s], main_s), name_hint="event")
 
-    def emit_function(name: str, stage_groups) -> list[int]:
+    def emit_unit(u: str, params) -> None:
+        spec = units[u]
+        tensor_args = [params[t] for t in spec["args"] + spec["outs"]]
+        if "params" in spec:
+            bb.emit(em.packed(spec["func"], relax.ShapeExpr(spec["params"]), *tensor_args), name_hint=u)
+        else:
+            bb.emit(relax.Call(prim_gvs[spec["func"]], tensor_args), name_hint=u)
+
+    def emit_dependency(stage_groups, params, streams) -> None:
+        """The program as the dependency-mode lowering issues it (``lower_streams.plan_streams``: each group on
+        its stream, a cross-stream wait only where a unit needs another stream's output); no keep-alive
+        releases: a bundle's tensors are its arguments, never reused storage."""
+        from .lower_streams import MAIN, plan_streams
+        from .schedule import Schedule, Stage
+
+        sched = Schedule([Stage(groups) for groups in stage_groups])
+        sp = plan_streams(program, sched, mode="dependency", num_streams=num_streams, keep_alive=False)
+        main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
+                         name_hint="main_stream")
+        svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
+
+        def stream(i: int):
+            return main_s if i == MAIN else svars[i]
+
+        for op in sp.ops:
+            if op.kind == "sync":
+                bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, stream(op.a), stream(op.b)),
+                        name_hint="event")
+            elif op.kind == "set":
+                bb.emit(em.packed("runtime.Device_SetStream", em.dev, stream(op.a)), name_hint="switch")
+            elif op.kind == "unit":
+                emit_unit(op.unit, params)
+
+    def emit_function(name: str, stage_groups, mode: str = "stage") -> list[int]:
         used = tensors_of(stage_groups)
         params = {t: relax.Var(f"t{t}", relax.TensorType(tensors[t]["shape"], tensors[t]["dtype"])) for t in used}
         streams = relax.Var("streams", relax.TupleType([int64] * num_streams))
         with bb.function(name, [params[t] for t in used] + [streams], pure=False):
-            for groups in stage_groups:
-                emit_stage(groups, params, streams)
+            if mode == "dependency" and num_streams > 0:
+                emit_dependency(stage_groups, params, streams)
+            else:
+                for groups in stage_groups:
+                    emit_stage(groups, params, streams)
             bb.emit_func_output(relax.Tuple([]))
         return used
 
@@ -260,7 +292,7 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
         st["tensors"] = emit_function(STAGE_FUNC.format(k), [st.get("run", st["groups"])])
         st["function"] = STAGE_FUNC.format(k)
     for k, pr in enumerate(programs or []):
-        pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"])
+        pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"], pr.get("mode", "stage"))
         pr["function"] = PROGRAM_FUNC.format(k)
     em.emit_stream_funcs(num_streams)
     built = bb.get()
@@ -366,7 +398,8 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
                          stages: list[dict] | None = None, programs: list[dict] | None = None) -> Bundle:
     """Collect the candidate stages of ``program`` (or take ``stages``), build them for ``target`` into
     ``out_dir/bundle.so`` and write ``out_dir/bundle.json``. ``programs``: whole schedules to time as well
-    (``{"name", "stages": [[group, ...], ...]}``, concurrent stages only, in order), each one function."""
+    (``{"name", "stages": [[group, ...], ...], "mode"}``, concurrent stages only, in order), each one function,
+    issued as the stage-mode lowering does (``mode`` "stage", the default) or the dependency-mode one."""
     from .cuda_build import build_cuda
     from .target import normalize_target, target_text
     from .target import device_kind
@@ -380,8 +413,12 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
         stages = candidate_stages(graph, options, device)
     stages = [{"groups": [list(g) for g in st["groups"]], "sources": list(st.get("sources", []))} for st in stages
               if st.get("strategy", "concurrent") == "concurrent"]
-    programs = [{"name": str(pr["name"]), "stages": [[list(g) for g in groups] for groups in pr["stages"]]}
-                for pr in (programs or [])]
+    programs = [{"name": str(pr["name"]), "stages": [[list(g) for g in groups] for groups in pr["stages"]],
+                 "mode": str(pr.get("mode", "stage"))} for pr in (programs or [])]
+    bad = sorted({pr["mode"] for pr in programs} - set(PROGRAM_MODES))
+    if bad:
+        raise InteropError(f"unknown program mode {bad[0]!r}: a bundle times programs in {', '.join(PROGRAM_MODES)} "
+                           "mode")
     widest = max([len(st["groups"]) for st in stages]
                  + [len(groups) for pr in programs for groups in pr["stages"]], default=1)
     from .lower_streams import resolve_stream_count

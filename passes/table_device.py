@@ -60,6 +60,8 @@ def answer_bundle(bundle_dir: str, table_path: str, graph, out: str | None = Non
     model = ProgramCostModel(table.units, params or load_fitted(), timing_number=number)
     units = model.unit_inputs(graph)
     programs = []
+    # a dependency-mode twin (``mode: "dependency"``) is predicted as its stage-mode program: the protocol model
+    # replays stages back to back; it never ranks a pick above its own stage-mode program
     for k, pr in enumerate(plan.get("programs", [])):
         ops = [op for groups in pr["stages"] for op in stage_ops(groups)]
         streams = max((len(groups) for groups in pr["stages"]), default=1)

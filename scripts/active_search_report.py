@@ -67,6 +67,8 @@ def price_candidates(model: str, mdir: str) -> list[dict]:
         measured = _read(os.path.join(mdir, f"round-{k}.costs.json"))
         for entry in measured.get("programs", []):
             pr = plan["programs"][entry["index"]]
+            if pr.get("mode", "stage") != "stage":   # a dependency-mode twin: the program model's protocol is
+                continue                              # stages back to back; its time is in the state's candidates
             cand = state["candidates"][pr["name"]]
             stages = pr["stages"]
             stage_sum = sum(table.stage_latency([[by_name[n] for n in g] for g in groups]) for groups in stages)

@@ -331,3 +331,47 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     diag = json.load(open(os.path.join(out, "gpu_check_diagnose.json")))
     verdicts = [v["verdict"] for v in diag["models"][0]["variants"]]
     assert verdicts == ["exact"] * 6 and all(v["serialized"] for v in diag["models"][0]["variants"])
+
+
+@needs_nvcc
+def test_cuda_bundle_times_a_program_in_both_lowerings(tmp_path, branchy_model):
+    """A bundle's whole program in dependency mode (``mode: "dependency"``, what the active search adds for each
+    GPU pick) issues exactly the waits, stream switches and kernels of the dependency-mode lowering
+    (``plan_streams``) in its built function, where the stage-mode twin forks and joins at every stage; the CUDA
+    build succeeds with both; an unknown mode is refused."""
+    from tvm_interop.passes.lower_streams import plan_streams
+    from tvm_interop.passes.profile_bundle import (BundleOptions, _build_stage_module, _tensor_table,
+                                                   build_profile_bundle)
+    from tvm_interop.passes.schedulers import schedule_graph
+
+    program = tvm_interop.api.prepare_program(branchy_model, normalize_target("cuda"), name="branchy")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="branchy")
+    assert any(len(st.groups) > 1 for st in sched.stages)
+    stages = [st.groups for st in sched.stages]
+    programs = [{"name": "p", "stages": stages}, {"name": "p [dependency]", "stages": stages, "mode": "dependency"}]
+    tensors, units, _ = _tensor_table(program)
+    n = max(len(g) for g in stages)
+    mod = _build_stage_module(program, [], units, tensors, "cuda", n, [dict(p) for p in programs])
+
+    def calls(fn) -> list[str]:
+        out = []
+        for b in mod[fn].body.blocks:
+            for binding in b.bindings:
+                v = binding.value
+                if isinstance(v, tvm.relax.Call) and isinstance(v.op, tvm.relax.ExternFunc):
+                    out.append(str(v.op.global_symbol))
+        return out
+
+    plan = plan_streams(program, sched, mode="dependency", num_streams=n, keep_alive=False)
+    dep = calls("__tvm_interop_program1")
+    assert dep.count("runtime.Device_StreamSyncFromTo") == plan.count("sync")
+    assert dep.count("runtime.Device_SetStream") == plan.count("set")
+    stage = calls("__tvm_interop_program0")
+    stage_plan = plan_streams(program, sched, mode="stage", num_streams=n, keep_alive=False)
+    assert stage.count("runtime.Device_StreamSyncFromTo") == stage_plan.count("sync") != plan.count("sync")
+    b = build_profile_bundle(program, "cuda", str(tmp_path / "b"), BundleOptions(ios=False),
+                             stages=[{"groups": [[u.name]]} for u in program.graph.units], programs=programs)
+    assert [(p["name"], p["mode"]) for p in b.plan["programs"]] == [("p", "stage"), ("p [dependency]", "dependency")]
+    with pytest.raises(InteropError, match="unknown program mode 'graph'"):
+        build_profile_bundle(program, "cuda", str(tmp_path / "c"), BundleOptions(ios=False),
+                             stages=[], programs=[{"name": "q", "stages": stages, "mode": "graph"}])

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tvm_interop.passes.device_search import device_search
+from tvm_interop.passes.device_search import DEPENDENCY, device_search
 from tvm_interop.runtime.errors import InteropError
 
 from runtime_only import runtime_only_env
@@ -261,24 +261,74 @@ def test_device_clock_search_ranks_programs_by_device_time(tmp_path):
     d = str(tmp_path / "active")
     res = device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device")
     plan = json.load(open(os.path.join(res.bundle, "bundle.json")))
-    if len(plan["programs"]) < 2:
+    picks = [p for p in plan["programs"] if p["mode"] == "stage"]
+    if len(picks) < 2:
         pytest.skip("the schedulers agreed on one pick: nothing to rank")
+    # on a GPU every pick with a concurrent stage also has its dependency-mode twin, right after it
+    twins = [p["name"] for p in plan["programs"] if p["mode"] == "dependency"]
+    assert twins == [p["name"] + DEPENDENCY for p in picks if any(len(g) > 1 for g in p["stages"])]
     with pytest.raises(InteropError, match="ranks by the device clock, not the issue clock"):
         device_search(cuda, "cuda", d, top_k=2, rounds=1)
-    issue_only = _answer(res.bundle, [1.0, 2.0], None, "cuda:stand-in:sm_90")
+
+    def per_program(first: float, second: float) -> list[float]:   # the twins slower than both picks
+        return [first if p["name"] == picks[0]["name"] else second if p["name"] == picks[1]["name"] else 3.0
+                for p in plan["programs"]]
+
+    issue_only = _answer(res.bundle, per_program(1.0, 2.0), None, "cuda:stand-in:sm_90")
     with pytest.raises(InteropError, match="no device-clock times .*ranks by the device clock"):
         device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device", import_path=issue_only)
     # the first program is faster on the issue clock, the second on the device clock
-    answer = _answer(res.bundle, [1.0, 2.0], [0.9, 0.5], "cuda:stand-in:sm_90")
+    answer = _answer(res.bundle, per_program(1.0, 2.0), per_program(0.9, 0.5), "cuda:stand-in:sm_90")
     done = device_search(cuda, "cuda", d, top_k=2, rounds=1, clock="device", import_path=answer)
     assert done.status == "done"
     info = done.schedule.search["device_search"]
-    assert info["shipped"] == plan["programs"][1]["name"] and info["clock"] == "device"
+    assert info["shipped"] == picks[1]["name"] and info["clock"] == "device" and info["measured_mode"] == "stage"
     assert done.schedule.measured_latency == pytest.approx(0.5e-3)
     rows = {c["name"]: c for c in done.candidates}
-    assert rows[plan["programs"][0]["name"]]["measured_device_ms"] == pytest.approx(0.9)
+    assert rows[picks[0]["name"]]["measured_device_ms"] == pytest.approx(0.9)
     costs = json.load(open(os.path.join(d, "costs.json")))
     assert all(row["device_latency"] == 8e-6 for row in costs["stages"])
     from tvm_interop.passes.cost.table import TableCostModel
 
     assert TableCostModel(os.path.join(d, "costs.json"), clock="device").unit_latency(cuda.graph.units[0]) == 8e-6
+
+
+def test_a_gpu_pick_counts_with_the_better_of_its_two_lowerings(program, tmp_path):
+    """On a GPU a round times each pick as the stage-mode lowering runs it and, as its ``[dependency]`` twin, as the
+    dependency-mode lowering issues it (``passes.profile_bundle``: both built from one schedule); the pick counts
+    with the better, as the library's picker runs the faster, and the shipped schedule says which. The table here
+    stands in for a GPU round's (this machine has no GPU); the merge and the choice are what is tested."""
+    import tvm
+
+    from tvm_interop.passes.device_search import DEPENDENCY, _State, _best_measured, _check_identity, _merge_results
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.target import normalize_target, target_text
+    from tvm_interop.runtime.profile_bundle import TABLE_FORMAT
+
+    d, bundle = tmp_path / "active", tmp_path / "active" / "round-1"
+    os.makedirs(bundle)
+    state = _State(str(d))
+    _check_identity(state, program.graph, target_text(normalize_target("cuda")), "squeezenet")
+    picks = {name: schedule_graph(program.graph, name, "sim:h100", model_name="squeezenet").to_json()
+             for name in ("ios", "lios")}
+    state.data["candidates"] = {f"r1:{n}": {"signature": n, "scheduler": n, "round": 1, "predicted_ms": 1.0,
+                                            "measured_ms": None, "schedule": s} for n, s in picks.items()}
+    plan = {"stages": [], "programs": [{"name": "r1:ios"}, {"name": "r1:ios" + DEPENDENCY, "mode": "dependency"},
+                                       {"name": "r1:lios"}, {"name": "r1:lios" + DEPENDENCY, "mode": "dependency"}]}
+    json.dump(plan, open(bundle / "bundle.json", "w"))
+    state.data["pending"] = {"round": 1, "bundle": str(bundle), "stages": 0, "programs": 4, "search_seconds": 1.0}
+    table = {"format": TABLE_FORMAT, "graph_fingerprint": program.graph.fingerprint(), "tvm_version": tvm.__version__,
+             "device": "cuda:NVIDIA H200:sm_90", "seconds": 2.0, "stages": [],
+             "programs": [{"index": k, "latency": ms * 1e-3} for k, ms in enumerate((4.4, 4.0, 4.2, 4.3))]}
+    _merge_results(state, table, program.graph)
+    c = state.data["candidates"]
+    assert c["r1:ios"]["measured_ms"] == pytest.approx(4.4) and c["r1:ios"]["measured_dependency_ms"] == pytest.approx(4.0)
+    assert c["r1:lios"]["measured_ms"] == pytest.approx(4.2)
+    assert _best_measured(state.data) == ("r1:ios", pytest.approx(4.0))   # lios's 4.2 ms stage mode loses to it
+    state.save()
+    res = device_search(program, "cuda", str(d), rounds=1)
+    info = res.schedule.search["device_search"]
+    assert res.status == "done" and info["shipped"] == "r1:ios" and info["measured_mode"] == "dependency"
+    assert res.schedule.measured_latency == pytest.approx(4.0e-3)
+    row = next(r for r in res.candidates if r["name"] == "r1:ios")
+    assert row["measured_dependency_ms"] == pytest.approx(4.0)

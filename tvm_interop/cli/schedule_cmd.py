@@ -428,6 +428,10 @@ def _run_active(args, fleet) -> int:
         meas = "not measured yet" if c["measured_ms"] is None else f"{measured} {c['measured_ms']:.3f} ms"
         if c.get("measured_device_ms") is not None:
             meas += f" (device clock {c['measured_device_ms']:.3f} ms)"
+        if c.get("measured_dependency_ms") is not None:
+            meas += f"; dependency mode {c['measured_dependency_ms']:.3f} ms"
+            if c.get("measured_dependency_device_ms") is not None:
+                meas += f" (device clock {c['measured_dependency_device_ms']:.3f} ms)"
         print(f"  {c['name']:<16} predicted {c['predicted_ms']:.3f} ms, {meas}")
     if res.status == "waiting":
         print(f"round waiting for the device: {res.measure_command}")
