@@ -79,7 +79,9 @@ def price_candidates(model: str, mdir: str) -> list[dict]:
                          "stages": len(stages), "search_predicted_ms": cand["predicted_ms"],
                          "stage_sum_ms": stage_sum * 1e3,
                          "program_model_ms": simulate(prog, units, pm.params).latency * 1e3,
-                         "measured_ms": entry["latency"] * 1e3})
+                         "measured_ms": entry["latency"] * 1e3,
+                         # its dependency-mode twin (searches since c60f49b, on a GPU), else None
+                         "measured_dependency_ms": cand.get("measured_dependency_ms")})
     return rows
 
 
@@ -184,11 +186,13 @@ def to_markdown(rep: dict) -> str:
                        f"{h['device_seconds']:.1f} | {h['best_measured_ms']:.3f} |")
         out += ["", "Picks (profiling bundle: stages back to back, CUDA events; ms):", "",
                 "| pick | stages | search predicted | stage sum (final table) | program model | measured | "
-                "program model error |", "|---|---:|---:|---:|---:|---:|---:|"]
+                "program model error | measured, dependency mode |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for c in m["candidates"]:
+            dep = c.get("measured_dependency_ms")
             out.append(f"| {c['name']} | {c['stages']} | {c['search_predicted_ms']:.3f} | {c['stage_sum_ms']:.3f} | "
                        f"{c['program_model_ms']:.3f} | {c['measured_ms']:.3f} | "
-                       f"{_err(c['program_model_ms'], c['measured_ms']) * 100:+.1f}% |")
+                       f"{_err(c['program_model_ms'], c['measured_ms']) * 100:+.1f}% | "
+                       f"{'—' if dep is None else f'{dep:.3f}'} |")
         if m["gpu_check"]:
             out += ["", "The shipped pick as a library (gpu_check, same run as the schedulers' own; median ms):", "",
                     "| mode | CUDA graph | active pick | ios (sim:h100) | fastest of sequential/greedy/lios/ios | "
