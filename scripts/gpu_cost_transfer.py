@@ -29,20 +29,23 @@ TARGET = {"kind": "cuda", "arch": "sm_90"}
 SCHEDULERS = ("sequential", "greedy", "lios", "ios")
 
 
-def unit_latencies(table: dict, clock: str = "issue") -> tuple[dict[str, float], int]:
-    """``(latency per unit, timing number)`` of a unit table on ``clock``; the device clock is refused, naming the
-    table's model, when the table has no device times."""
-    if clock == "issue":
-        return table["units"], int(table["number"])
-    if clock != "device":
-        raise SystemExit(f"unknown clock {clock!r}: issue or device")
-    units = {st["groups"][0][0]: st["device_latency"] for st in table.get("stages", [])
-             if len(st["groups"]) == 1 and len(st["groups"][0]) == 1 and st.get("device_latency") is not None}
-    missing = [u for u in table["units"] if u not in units]
+def unit_latencies(path: str, clock: str = "issue") -> tuple[dict[str, float], int]:
+    """``(latency per unit, timing number)`` of the unit table at ``path`` on ``clock``, read by the product's own
+    ``TableCostModel`` (its damage checks, and its refusal of a device clock the table was not measured with,
+    naming the table). A unit without a time on that clock is refused, naming the table's model."""
+    from tvm_interop.passes.cost.table import TableCostModel
+    from tvm_interop.runtime.errors import InteropError
+
+    try:
+        table = TableCostModel(path, clock=clock)
+    except InteropError as err:
+        raise SystemExit(str(err)) from None
+    units = table.table["units"]
+    missing = [u for u in units if u not in table.units]
     if missing:
-        raise SystemExit(f"the {table.get('model')} table has no device-clock time for {len(missing)} of its "
-                         f"{len(table['units'])} units (e.g. {missing[0]}): measure it without --no-device-clock")
-    return units, 0
+        raise SystemExit(f"the {table.table.get('model')} table has no {clock}-clock time for {len(missing)} of its "
+                         f"{len(units)} units (e.g. {missing[0]})")
+    return table.units, int(table.table["number"]) if clock == "issue" else 0
 
 
 def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None, clock: str = "issue") -> list[dict]:
@@ -62,11 +65,9 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None, clo
         table = os.path.join(unit_dir, f"{name}.json")
         if (models and name not in models) or not os.path.exists(table):
             continue
-        with open(table, encoding="utf-8") as f:
-            t = json.load(f)
         program = prepare_program(get_model(name), TARGET, name=name)
         # the table's protocol (calls per timing) goes with its latencies: the model corrects for it
-        units, number = unit_latencies(t, clock)
+        units, number = unit_latencies(table, clock)
         model = ProgramCostModel(units, params, timing_number=number)
         recorded = {v["name"]: v for v in m["variants"]}
         for sname in SCHEDULERS:

@@ -528,10 +528,11 @@ def test_transfer_reads_the_wait_placement_of_a_build_of_both():
     assert any(both[v] != consumer[v] for v in both if "(dependency)" in v)
 
 
-def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times():
-    """``gpu_cost_transfer.py --clock device``: each unit's device-clock latency from the table's single-unit stages,
-    as latencies that are not timings; a table without device times is refused naming its model (the H200 RandWire
-    unit table of the active search of 2026-11-27, shipped in docs/)."""
+def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times(tmp_path):
+    """``gpu_cost_transfer.py --clock device``: each unit's device-clock latency from the table's single-unit stages
+    (read by the product's ``TableCostModel``), as latencies that are not timings; a table measured without the
+    device clock is refused naming it, and so is a table whose units lack a time (the H200 RandWire unit table of
+    the active search of 2026-11-27, shipped in docs/)."""
     import os
     import sys
 
@@ -541,15 +542,27 @@ def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times():
         import gpu_cost_transfer
     finally:
         sys.path.pop(0)
-    with open(os.path.join(root, "docs", "unit_costs_h200_2026-11-27_active", "randwire.json"), encoding="utf-8") as f:
+    path = os.path.join(root, "docs", "unit_costs_h200_2026-11-27_active", "randwire.json")
+    with open(path, encoding="utf-8") as f:
         table = json.load(f)
-    issue, n_issue = gpu_cost_transfer.unit_latencies(table, "issue")
-    device, n_device = gpu_cost_transfer.unit_latencies(table, "device")
+    issue, n_issue = gpu_cost_transfer.unit_latencies(path, "issue")
+    device, n_device = gpu_cost_transfer.unit_latencies(path, "device")
     assert (n_issue, n_device) == (table["number"], 0) and set(issue) == set(device) == set(table["units"])
+    assert issue == table["units"]
     one = next(st for st in table["stages"] if len(st["groups"]) == 1 and len(st["groups"][0]) == 1)
     assert device[one["groups"][0][0]] == one["device_latency"]
     # RandWire's tiny kernels: the issue clock times the host's launch rate, the device clock the kernels
     assert sum(device.values()) < 0.8 * sum(issue.values())
-    bare = dict(table, stages=[{k: v for k, v in st.items() if k != "device_latency"} for st in table["stages"]])
-    with pytest.raises(SystemExit, match="randwire table has no device-clock time for 276 of its 276 units"):
+
+    def write(name: str, t: dict) -> str:
+        out = tmp_path / name
+        out.write_text(json.dumps(t), encoding="utf-8")
+        return str(out)
+
+    bare = write("bare.json", {k: v for k, v in table.items() if k != "device_clock"})
+    with pytest.raises(SystemExit, match="bare.json has no device-clock times"):
         gpu_cost_transfer.unit_latencies(bare, "device")
+    rows = [st for st in table["stages"] if not (len(st["groups"]) == 1 and len(st["groups"][0]) == 1)]
+    no_units = write("no_units.json", dict(table, stages=rows))
+    with pytest.raises(SystemExit, match="randwire table has no device-clock time for 276 of its 276 units"):
+        gpu_cost_transfer.unit_latencies(no_units, "device")
