@@ -205,8 +205,11 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
                         num_streams: int, programs: list[dict] | None = None) -> tvm.IRModule:
     """One Relax function per stage (its groups forked onto streams and joined, as the stage-mode lowering does)
     and one per whole program (``programs``: its stages in order, in one function, so that it is timed as it
-    runs: back to back, without a host round trip between stages)."""
-    from .lower_streams import ProgramEmitter, i32_value  # the same stream helpers as the lowering
+    runs: back to back, without a host round trip between stages). Every function issues the waits, stream
+    switches and kernels that ``lower_streams.plan_streams`` plans for the lowering, in stage or dependency mode,
+    so that a bundle times what a library would issue."""
+    from .lower_streams import MAIN, ProgramEmitter, i32_value, plan_streams  # the lowering's own plan and helpers
+    from .schedule import Schedule, Stage
 
     em = ProgramEmitter(program, device)
     bb = em.bb
@@ -223,24 +226,12 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
                             used.append(t)
         return used
 
-    def emit_stage(groups, params, streams) -> None:
-        concurrent = len(groups) > 1 and num_streams > 0
-        if concurrent:
-            main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
-                             name_hint="main_stream")
-            svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
-            used_s = list(dict.fromkeys(gi % num_streams for gi in range(len(groups))))
-            for s in used_s:
-                bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, main_s, svars[s]), name_hint="event")
-        for gi, g in enumerate(groups):
-            if concurrent:
-                bb.emit(em.packed("runtime.Device_SetStream", em.dev, svars[gi % num_streams]), name_hint="switch")
-            for u in g:
-                emit_unit(u, params)
-        if concurrent:
-            bb.emit(em.packed("runtime.Device_SetStream", em.dev, main_s), name_hint="switch")
-            for s in used_s:
-                bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, svars[s], main_s), name_hint="event")
+    def plan(stage_groups, mode: str) -> list:
+        """The lowering's ops for these stages; no keep-alive releases: a bundle's tensors are its arguments,
+        never reused storage. In stage mode every stage is planned on its own, so the stages need not form a
+        schedule of the program (a bundle's stage functions repeat units): one plan serves them all."""
+        sched = Schedule([Stage(groups) for groups in stage_groups])
+        return plan_streams(program, sched, mode=mode, num_streams=num_streams, keep_alive=False).ops
 
     def emit_unit(u: str, params) -> None:
         spec = units[u]
@@ -250,23 +241,21 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
         else:
             bb.emit(relax.Call(prim_gvs[spec["func"]], tensor_args), name_hint=u)
 
-    def emit_dependency(stage_groups, params, streams) -> None:
-        """The program as the dependency-mode lowering issues it (``lower_streams.plan_streams``: each group on
-        its stream, a cross-stream wait only where a unit needs another stream's output); no keep-alive
-        releases: a bundle's tensors are its arguments, never reused storage."""
-        from .lower_streams import MAIN, plan_streams
-        from .schedule import Schedule, Stage
+    def emit_ops(ops, params, streams) -> None:
+        """Issue ``ops``; the caller's stream is read once, before the first wait or switch that needs it (a
+        function of one-group stages issues its kernels and nothing else)."""
+        named: dict[int, relax.Expr] = {}
 
-        sched = Schedule([Stage(groups) for groups in stage_groups])
-        sp = plan_streams(program, sched, mode="dependency", num_streams=num_streams, keep_alive=False)
-        main_s = bb.emit(relax.Call(em.current_stream_gv(), [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
-                         name_hint="main_stream")
-        svars = [bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}") for j in range(num_streams)]
+        def stream(i: int) -> relax.Expr:
+            if not named:
+                named[MAIN] = bb.emit(relax.Call(em.current_stream_gv(),
+                                                 [i32_value(DL_DEVICE_TYPE.get(device, 1)), i32_value(0)]),
+                                      name_hint="main_stream")
+                for j in range(num_streams):
+                    named[j] = bb.emit(relax.TupleGetItem(streams, j), name_hint=f"stream{j}")
+            return named[i]
 
-        def stream(i: int):
-            return main_s if i == MAIN else svars[i]
-
-        for op in sp.ops:
+        for op in ops:
             if op.kind == "sync":
                 bb.emit(em.packed("runtime.Device_StreamSyncFromTo", em.dev, stream(op.a), stream(op.b)),
                         name_hint="event")
@@ -275,24 +264,25 @@ def _build_stage_module(program: Program, stages: list[dict], units: dict, tenso
             elif op.kind == "unit":
                 emit_unit(op.unit, params)
 
-    def emit_function(name: str, stage_groups, mode: str = "stage") -> list[int]:
+    def emit_function(name: str, stage_groups, ops) -> list[int]:
         used = tensors_of(stage_groups)
         params = {t: relax.Var(f"t{t}", relax.TensorType(tensors[t]["shape"], tensors[t]["dtype"])) for t in used}
         streams = relax.Var("streams", relax.TupleType([int64] * num_streams))
         with bb.function(name, [params[t] for t in used] + [streams], pure=False):
-            if mode == "dependency" and num_streams > 0:
-                emit_dependency(stage_groups, params, streams)
-            else:
-                for groups in stage_groups:
-                    emit_stage(groups, params, streams)
+            emit_ops(ops, params, streams)
             bb.emit_func_output(relax.Tuple([]))
         return used
 
-    for k, st in enumerate(stages):   # a wave stage runs its fused kernel (``run``), keyed by the groups it fuses
-        st["tensors"] = emit_function(STAGE_FUNC.format(k), [st.get("run", st["groups"])])
+    # a wave stage runs its fused kernel (``run``), keyed by the groups it fuses
+    runs = [st.get("run", st["groups"]) for st in stages]
+    stage_ops: list[list] = [[] for _ in stages]
+    for op in plan(runs, "stage"):
+        stage_ops[op.stage].append(op)
+    for k, st in enumerate(stages):
+        st["tensors"] = emit_function(STAGE_FUNC.format(k), [runs[k]], stage_ops[k])
         st["function"] = STAGE_FUNC.format(k)
     for k, pr in enumerate(programs or []):
-        pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"], pr.get("mode", "stage"))
+        pr["tensors"] = emit_function(PROGRAM_FUNC.format(k), pr["stages"], plan(pr["stages"], pr.get("mode", "stage")))
         pr["function"] = PROGRAM_FUNC.format(k)
     em.emit_stream_funcs(num_streams)
     built = bb.get()
