@@ -751,6 +751,28 @@ def test_timelines_separate_overlap_from_longer_kernels():
     assert "| lios (dependency) | 0.020 | 3 | 17 | 13 | 1.31 | 7 |" in md
 
 
+def test_profiles_call_the_program_once_unprofiled_then_runs_times_and_record_failures():
+    """``profile_kernels`` and ``profile_timeline`` (one profiling helper): one unprofiled call and a sync, then
+    ``runs`` profiled calls and a sync; a program that fails, or a profiler that cannot profile CUDA (a CPU build
+    of torch, as here), is recorded as an error, never raised."""
+    pytest.importorskip("torch")
+    from gpucheck.kernel_profile import profile_kernels, profile_timeline
+
+    for profile in (profile_kernels, profile_timeline):
+        log = []
+        out = profile(lambda: log.append("call"), lambda: log.append("sync"), runs=3)
+        assert log[:2] == ["call", "sync"]
+        if "error" in out:   # a torch without CUDA refuses the CUDA activity before the profiled calls
+            assert log == ["call", "sync"] and out["error"].startswith(("AssertionError", "RuntimeError"))
+        else:
+            assert log == ["call", "sync", "call", "call", "call", "sync"]
+
+        def broken():
+            raise RuntimeError("kernel launch failed")
+
+        assert profile(broken, lambda: None, runs=2) == {"error": "RuntimeError: kernel launch failed"}
+
+
 def test_run_takes_models_in_the_order_given_with_their_entries():
     """``run --models b,a``: b's entries first (a run cut off by the device's limit keeps the most wanted), a
     model's name selecting its +cudnn entries too; without --models, the manifest's order."""

@@ -66,21 +66,28 @@ def summarise(events, runs: int, top: int = TOP) -> dict:
             "top": [{"name": n, "us": r["us"], "calls": r["calls"]} for n, r in ranked[:top]]}
 
 
-def profile_kernels(fn: Callable[[], object], sync: Callable[[], None], runs: int = RUNS) -> dict:
-    """``fn`` called ``runs`` times under the CUDA profiler: per-run device time by kernel and class; or
-    ``{"error": ...}`` when the profiler is missing or fails (the run goes on without it)."""
+def _profiled(fn: Callable[[], object], sync: Callable[[], None], runs: int, digest: Callable) -> dict:
+    """``digest(profiler)`` of ``runs`` calls of ``fn`` under the CUDA profiler, after one unprofiled call (nothing
+    of a first call, algorithm searches or module loads, in the profile); ``{"error": ...}`` when the profiler is
+    missing or fails, so that the run goes on without it."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
         fn()
-        sync()   # nothing of a first call (algorithm searches, module loads) in the profile
+        sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(runs):
                 fn()
             sync()
-        return summarise(prof.key_averages(), runs)
+        return digest(prof)
     except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
         return {"error": f"{type(e).__name__}: {e}"}
+
+
+def profile_kernels(fn: Callable[[], object], sync: Callable[[], None], runs: int = RUNS) -> dict:
+    """``fn`` called ``runs`` times under the CUDA profiler: per-run device time by kernel and class; or
+    ``{"error": ...}`` when the profiler is missing or fails (the run goes on without it)."""
+    return _profiled(fn, sync, runs, lambda prof: summarise(prof.key_averages(), runs))
 
 
 def timeline_summary(intervals: list[tuple[float, float]], runs: int) -> dict:
@@ -106,25 +113,18 @@ def timeline_summary(intervals: list[tuple[float, float]], runs: int) -> dict:
             "concurrency": total / busy if busy > 0 else 0.0}
 
 
+def _timeline_of(prof, runs: int) -> dict:
+    spans = [(float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+             if _is_device_event(e) and e.time_range.end > e.time_range.start]
+    if not spans:
+        return {"error": "the profiler recorded no kernel"}
+    return timeline_summary(spans, runs)
+
+
 def profile_timeline(fn: Callable[[], object], sync: Callable[[], None], runs: int = RUNS) -> dict:
     """``fn`` called ``runs`` times under the CUDA profiler: :func:`timeline_summary` of its kernels and copies;
     or ``{"error": ...}`` when the profiler is missing or fails."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-
-        fn()
-        sync()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(runs):
-                fn()
-            sync()
-        spans = [(float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-                 if _is_device_event(e) and e.time_range.end > e.time_range.start]
-        if not spans:
-            return {"error": "the profiler recorded no kernel"}
-        return timeline_summary(spans, runs)
-    except Exception as e:  # noqa: BLE001 - a diagnostic: record why it is missing
-        return {"error": f"{type(e).__name__}: {e}"}
+    return _profiled(fn, sync, runs, lambda prof: _timeline_of(prof, runs))
 
 
 def render_timelines(timelines: dict) -> list[str]:
