@@ -16,6 +16,10 @@ behind a held stream: the kernel's device time without the host's issue cost, ``
 latencies that are not timings (``timing_number=0``). The model was fitted on issue-clock tables; on the H200 run
 of 2026-11-27 the device clock transferred better (median 9.2 % against 11.8 %), chiefly on RandWire, whose tiny
 kernels' issue-clock timings are the host's launch rate.
+
+``--sim PRESET`` feeds it a simulated device's unit latencies instead of any table (``sim:h200-tvm``, fitted to
+TVM's default kernels by ``scripts/fit_sim_preset.py``): every model of the run is predicted without a measured
+table (the ``+cudnn`` entries are left out: their library calls are not TVM kernels). ``unit_dir`` is then unused.
 """
 from __future__ import annotations
 
@@ -48,9 +52,11 @@ def unit_latencies(path: str, clock: str = "issue") -> tuple[dict[str, float], i
     return table.units, int(table.table["number"]) if clock == "issue" else 0
 
 
-def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None, clock: str = "issue") -> list[dict]:
+def transfer_rows(run: dict, unit_dir: str | None, models: list[str] | None = None, clock: str = "issue",
+                  sim: str | None = None) -> list[dict]:
     from tvm_interop.api import prepare_program
     from tvm_interop.models import get_model
+    from tvm_interop.passes.cost import get_cost_model
     from tvm_interop.passes.cost.program import ProgramCostModel, load_fitted
     from tvm_interop.passes.merge import has_merges
     from tvm_interop.passes.schedulers import schedule_graph
@@ -62,13 +68,15 @@ def transfer_rows(run: dict, unit_dir: str, models: list[str] | None = None, clo
     rows = []
     for m in run["models"]:
         name = m["name"]
-        table = os.path.join(unit_dir, f"{name}.json")
-        if (models and name not in models) or not os.path.exists(table):
+        table = None if sim else os.path.join(unit_dir, f"{name}.json")
+        if (models and name not in models) or (table and not os.path.exists(table)) or (sim and "+" in name):
             continue
         program = prepare_program(get_model(name), TARGET, name=name)
-        # the table's protocol (calls per timing) goes with its latencies: the model corrects for it
-        units, number = unit_latencies(table, clock)
-        model = ProgramCostModel(units, params, timing_number=number)
+        if sim:   # simulated latencies are not timings: no per-timing floor
+            model = ProgramCostModel(get_cost_model(sim), params, timing_number=0)
+        else:     # the table's protocol (calls per timing) goes with its latencies: the model corrects for it
+            units, number = unit_latencies(table, clock)
+            model = ProgramCostModel(units, params, timing_number=number)
         recorded = {v["name"]: v for v in m["variants"]}
         for sname in SCHEDULERS:
             sched = schedule_graph(program.graph, sname, "sim:h100", model_name=name,
@@ -101,15 +109,21 @@ def summary(rows: list[dict]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="a gpu_check run's gpu_check.json")
-    ap.add_argument("unit_dir", help="that run's unit_costs directory")
+    ap.add_argument("unit_dir", nargs="?", default=None, help="that run's unit_costs directory (not with --sim)")
     ap.add_argument("--models", default=None)
     ap.add_argument("--clock", choices=("issue", "device"), default="issue",
                     help="the unit latencies the model is fed: issue (the tables' 'units', the fit's) or device")
+    ap.add_argument("--sim", default=None, metavar="PRESET",
+                    help="feed a simulated device's unit latencies instead of tables (e.g. sim:h200-tvm)")
     ap.add_argument("--out", default=None, help="write rows and summary as JSON")
     args = ap.parse_args(argv)
+    if bool(args.sim) == bool(args.unit_dir):
+        ap.error("give the run's unit_costs directory, or --sim PRESET (not both)")
+    if args.sim and args.clock != "issue":
+        ap.error("--clock chooses between a table's two times; --sim has one")
     with open(args.run, encoding="utf-8") as f:
         run = json.load(f)
-    rows = transfer_rows(run, args.unit_dir, args.models.split(",") if args.models else None, args.clock)
+    rows = transfer_rows(run, args.unit_dir, args.models.split(",") if args.models else None, args.clock, args.sim)
     if not rows:
         print("no variant to predict (no unit tables beside the run?)", file=sys.stderr)
         return 1
@@ -119,7 +133,8 @@ def main(argv=None) -> int:
               f" signed median {v['signed_median'] * 100:+5.1f} %, within 10 %: {v['within_10']}, 25 %: {v['within_25']}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"run": os.path.basename(args.run), "device": run.get("device"), "clock": args.clock,
+            json.dump({"run": os.path.basename(args.run), "device": run.get("device"),
+                       **({"units": args.sim} if args.sim else {"clock": args.clock}),
                        "summary": s, "rows": rows},
                       f, indent=1)
     return 0

@@ -66,6 +66,17 @@ Presets (``PRESETS``; "sustained" = datasheet x an efficiency a tuned TVM kernel
   bandwidth, 1024 output elements per core to fill it; launch ~1 us (a packed-function call in the VM),
   stage_sync 8 us and 4 us per extra worker thread (thread hand-off). These are guesses, not measurements.
 
+* ``h100-tvm`` / ``h200-tvm``: the same GPUs running **TVM's default (DLight) CUDA kernels**, fitted
+  (``scripts/fit_sim_preset.py``, ``docs/sim_presets_fit.md``) to the device-clock times of every unit of seven
+  measured tables (Inception-v3, GoogLeNet, ResNet-50 on an H100; Inception-v3, GoogLeNet, RandWire,
+  NASNet-A-large on an H200, 2026-11-27): 10 % of the FP32 peak, the datasheet bandwidth, 1280 resident work
+  items per SM (the bandwidth at the grid's physical limit: these kernels are slow in compute, not memory). They
+  take 3-5x what ``h100`` says for the larger units; per table the median |log(simulated / measured)| of a unit
+  drops from 0.33-1.14 (a factor 1.4-3.1) to 0.05-0.26 (1.05-1.30), the same with each model left out of the fit
+  (every leave-one-model-out fit lands on the same grid point). For predicted latencies on
+  the level of a default build, and unit costs of a model without a measured table; the schedules they lead to
+  differ little from ``h100``'s (the same on Inception-v3), which stays the default.
+
 GPU overheads: launch 2.5 us (H100/H200) / 4 us (V100) per kernel; a concurrent stage adds fork/join events
 (3 us / 5 us) and 1.5 us / 2 us per extra stream. ``SimulatedDevice("h100", launch=1e-6)`` overrides a field;
 ``get_cost_model("sim:h100")`` builds a preset.
@@ -112,6 +123,11 @@ PRESETS: dict[str, DeviceSpec] = {
                        "NVIDIA V100 SXM2 (simulated)"),
     "cpu": DeviceSpec("cpu", 2, 1024, 2 * 50e9, 15e9, 1.0e-6, 8.0e-6, 4.0e-6, 0.5,
                       "2-core AVX2-class CPU (simulated)"),
+    # fitted to device-clock unit times of TVM's default CUDA kernels (scripts/fit_sim_preset.py)
+    "h100-tvm": DeviceSpec("h100-tvm", 132, 1280, 66.9e12 * 0.10, 3.35e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                           "NVIDIA H100 SXM5 running TVM's default CUDA kernels (fitted)"),
+    "h200-tvm": DeviceSpec("h200-tvm", 132, 1280, 66.9e12 * 0.10, 4.8e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                           "NVIDIA H200 SXM running TVM's default CUDA kernels (fitted)"),
 }
 
 # (duration at full rate, fill fraction, bandwidth fraction): what the fluid simulation needs of one kernel

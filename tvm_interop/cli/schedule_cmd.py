@@ -35,7 +35,8 @@ def register(sub) -> None:
                    help="also choose the stages to fuse into one kernel each (wave fusion) under the same cost "
                         "model; saved in the schedule, applied by `compile --schedule`")
     p.add_argument("--cost", default="sim:h100",
-                   help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | unit | table:FILE | measured (stages "
+                   help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | sim:h100-tvm | sim:h200-tvm (fitted to TVM's "
+                        "default CUDA kernels) | unit | table:FILE | measured (stages "
                         "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
                         "(default sim:h100)")
     add_layout_arg(p, None, "the layout of the build the schedule is for (default: NCHW under GPU costs, as GPU "
