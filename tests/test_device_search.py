@@ -141,7 +141,7 @@ def test_cli_active_round_trip(tmp_path, capsys):
     assert re.search(r"optimisation cost so far: [\d.]+ s searching here \+ [\d.]+ s measuring on the device = ",
                      capsys.readouterr().out)
     assert main(["schedule", "squeezenet", "--import", "x.json"]) == 1
-    assert "belong to --active" in capsys.readouterr().err
+    assert "--import and --stand-in belong to --active" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------- a table for a device

@@ -356,6 +356,29 @@ def test_cli_schedule_searches_the_graph_of_the_build_it_is_for(tmp_path, capsys
         Schedule.load(str(out)).validate(graph)
 
 
+def test_cli_schedule_target_picks_the_builds_graph_and_default_cost(tmp_path, capsys):
+    """``schedule --target cuda`` searches the graph a CUDA build prepares under sim:h100, ``--target llvm`` the CPU
+    build's under sim:cpu, each schedule validating against its build; a cost model of the other kind of device,
+    or a CPU-timed cost for a CUDA build, is refused naming both."""
+    from tvm_interop.api import load_module, prepare_program
+    from tvm_interop.cli import main
+    from tvm_interop.passes.schedule import Schedule
+
+    mod, name = load_module("resnet50", width=0.25, image_size=32)
+    base = ["schedule", "resnet50", "--width", "0.25", "--image-size", "32", "--scheduler", "greedy", "--json"]
+    for target, cost, prep in (("cuda", "sim:h100", "cuda"), ("llvm", "sim:cpu", "llvm")):
+        out = tmp_path / f"{target}.json"
+        assert main([*base, "--target", target, "-o", str(out)]) == 0
+        assert json.loads(capsys.readouterr().out)["cost"] == cost
+        Schedule.load(str(out)).validate(prepare_program(mod, prep, name=name).graph)
+    for target, cost, words in (("llvm", "sim:h100", "prices a GPU, but --target llvm builds for a CPU"),
+                                ("cuda", "sim:cpu", "prices a CPU, but --target cuda builds for a GPU"),
+                                ("cuda", "measured", "times stages on this CPU"),
+                                ("vulkan", "unit", "a cuda or an llvm build")):
+        assert main([*base, "--target", target, "--cost", cost]) == 1
+        assert words in capsys.readouterr().err
+
+
 def test_cli_schedule_layout_option_overrides_the_cost_default(tmp_path, capsys):
     """``schedule --layout nchw`` under a CPU cost searches the NCHW graph (what ``compile --layout nchw`` builds);
     a bad layout is refused by argparse with the choices named; ``tune`` takes the same option."""

@@ -34,13 +34,13 @@ def register(sub) -> None:
     p.add_argument("--wave-fusion", action="store_true",
                    help="also choose the stages to fuse into one kernel each (wave fusion) under the same cost "
                         "model; saved in the schedule, applied by `compile --schedule`")
-    p.add_argument("--cost", default="sim:h100",
+    p.add_argument("--cost", default=None,
                    help="cost model: sim:h100 | sim:h200 | sim:v100 | sim:cpu | sim:h100-tvm | sim:h200-tvm (fitted to TVM's "
                         "default CUDA kernels) | unit | table:FILE | measured (stages "
                         "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
-                        "(default sim:h100)")
-    add_layout_arg(p, None, "the layout of the build the schedule is for (default: NCHW under GPU costs, as GPU "
-                   "builds keep it; auto under CPU costs, as `compile` builds)")
+                        "(default: sim:h100, or sim:cpu with --target llvm)")
+    add_layout_arg(p, None, "the layout of the build the schedule is for (default: the --target's, else NCHW under "
+                   "GPU costs, as GPU builds keep it, and auto under CPU costs, as `compile` builds)")
     p.add_argument("--cost-cache", default=None,
                    help="measured/learned: persistent cache of stage timings (default: the user cache directory)")
     p.add_argument("--r", type=_limit, default=None, metavar="R",
@@ -78,7 +78,9 @@ def register(sub) -> None:
     g.add_argument("--import", dest="import_results", default=None, metavar="RESULTS",
                    help="--active: the measured table of the waiting round")
     g.add_argument("--target", default=None,
-                   help="--active: the target the kernels are built for (default cuda; llvm for CPU devices)")
+                   help="the target of the build the schedule is for (cuda or llvm...): its graph's layout and "
+                        "the default cost (sim:h100 / sim:cpu); with --active the target the kernels are built for "
+                        "(default cuda)")
     g.add_argument("--rounds", type=int, default=4, help="--active: rounds at most (default 4)")
     g.add_argument("--clock", default="issue", choices=["issue", "device"],
                    help="--active: price stages and rank programs by the issue clock (calls back to back: a direct "
@@ -200,6 +202,38 @@ def graph_layout_for_cost(cost: str) -> str:
     return "nchw" if gpu else "auto"
 
 
+GPU_TARGETS = ("cuda",)
+
+
+def resolve_target(args) -> None:
+    """``--target`` of a plain search: the default cost of that device (``sim:h100`` for CUDA, ``sim:cpu`` for
+    LLVM) and the layout its build keeps; a cost model of the other kind of device is refused, naming both (a
+    schedule searched on another build's graph would not match the build it is for)."""
+    from tvm_interop.passes.search import is_timed_cost
+    from tvm_interop.runtime.errors import InteropError
+
+    if not args.target:
+        args.cost = args.cost or "sim:h100"
+        return
+    kind = args.target.split()[0].split("-")[0].lower()
+    if kind not in GPU_TARGETS + ("llvm",):
+        raise InteropError(f"--target {args.target!r}: a schedule is searched for a cuda or an llvm build")
+    gpu = kind in GPU_TARGETS
+    if args.cost is None:
+        args.cost = "sim:h100" if gpu else "sim:cpu"
+    spec = str(args.cost)
+    cost_gpu = None if spec == "unit" else graph_layout_for_cost(spec) == "nchw"
+    if gpu and is_timed_cost(spec):
+        raise InteropError(f"--cost {spec} times stages on this CPU; for a --target {args.target} build use a GPU's "
+                           "cost: sim:h100, table:FILE (a profiling bundle measured on the GPU) or --active DIR")
+    if cost_gpu is not None and cost_gpu != gpu:
+        raise InteropError(f"--cost {spec} prices a {'GPU' if cost_gpu else 'CPU'}, but --target {args.target} builds "
+                           f"for a {'GPU' if gpu else 'CPU'}: give a cost of that device (default "
+                           f"{'sim:h100' if gpu else 'sim:cpu'})")
+    if args.layout is None:
+        args.layout = "nchw" if gpu else "auto"
+
+
 def run(args) -> int:
     from tvm_interop.passes.search import is_timed_cost
     from tvm_interop.runtime.errors import InteropError
@@ -212,8 +246,9 @@ def run(args) -> int:
             raise InteropError("--stand-in answers the rounds itself: not with --rpc or --import")
         with fleet_from_args(args) as fleet:
             return _run_active(args, fleet)
-    if args.import_results or args.target or args.stand_in:
-        raise InteropError("--import, --target and --stand-in belong to --active DIR")
+    if args.import_results or args.stand_in:
+        raise InteropError("--import and --stand-in belong to --active DIR")
+    resolve_target(args)
     if args.rpc and not is_timed_cost(args.cost):
         raise InteropError(f"--rpc times stages on remote devices: it needs --cost measured or learned, not "
                            f"{args.cost!r} (for a GPU: profile-bundle, profile-measure --rpc, --cost table:FILE)")
