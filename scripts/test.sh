@@ -9,6 +9,7 @@
 # usable cores, at most 4; 1 = no xdist), then the `serial` tests (they assert on wall-clock time, so they must not
 # share the cores with another worker) run alone. Most tests wait on one single-threaded LLVM build, which is why
 # a second worker nearly halved the suite when it was measured (22 -> 13 min); 2026-11-27: 24 min with two workers.
+# The first pass lists its 25 slowest tests (--durations), so a log says where the suite's time goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh "${TVM_INTEROP_EXTRAS:-test,onnx,viz,rpc,cuda}"
@@ -28,7 +29,7 @@ fi
 
 # pytest exits 5 when a pass selects no test (e.g. -k matching only one kind): not a failure
 status=0
-.venv/bin/python -m pytest -q "${PARALLEL[@]}" -m "$(and_slow "not serial")" "${ARGS[@]}" || status=$?
+.venv/bin/python -m pytest -q --durations=25 "${PARALLEL[@]}" -m "$(and_slow "not serial")" "${ARGS[@]}" || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi
 serial=0
 .venv/bin/python -m pytest -q -m "$(and_slow "serial")" "${ARGS[@]}" || serial=$?
