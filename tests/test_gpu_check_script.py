@@ -425,6 +425,39 @@ def test_build_with_a_schedule_file_adds_its_variants(tmp_path):
     assert r.returncode != 0 and "MODEL:LABEL=FILE" in r.stderr
 
 
+def test_build_with_two_differently_merged_schedules_keeps_each_ones_kernels(tmp_path):
+    """Two schedules of one model with different IOS merges (``ios`` and a ``--schedule`` file without its first two
+    merges, which share one merged kernel) name their merged kernels alike (``..._merged``, in their own order): the build renames the later
+    program's clashing kernels, calls included, instead of failing, and each variant computes plain TVM's output."""
+    import dataclasses
+
+    import tvm_interop
+    from tvm_interop.models import get_model
+    from tvm_interop.passes.schedule import CONCURRENT, Stage
+    from tvm_interop.passes.schedulers import schedule_graph
+
+    mod = get_model("squeezenet", batch_size=1, image_size=32, width=0.125)
+    program = tvm_interop.api.prepare_program(mod, {"kind": "llvm"}, name="squeezenet")
+    ios = schedule_graph(program.graph, "ios", "sim:h100", model_name="squeezenet")
+    merges = [k for k, st in enumerate(ios.stages) if st.strategy == "merge"]
+    assert len(merges) >= 3
+    stages = [Stage(st.groups, CONCURRENT) if k in merges[:2] else st for k, st in enumerate(ios.stages)]
+    path = str(tmp_path / "fewer.json")
+    dataclasses.replace(ios, stages=stages).save(path)
+    d = str(tmp_path / "build")
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "ios", "--modes", "stage", "--no-stage-times",
+            "--schedule", f"squeezenet:fewer={path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "squeezenet: fewer: %d merge stage(s) applied" % (len(merges) - 2) in r.stderr
+    env, _ = _runtime_only_env(tmp_path)
+    out = str(tmp_path / "out")
+    r = _gc("run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "0", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ok = {v["name"]: v["ok"] for v in json.load(open(os.path.join(out, "gpu_check.json")))["models"][0]["variants"]}
+    assert ok["ios"] and ok["fewer"] and ok["fewer + CUDA graph"], ok
+
+
 def test_report_prices_one_reused_event():
     """The report sets each '[events]' variant against its twin with TVM's per-call event: same program, same
     number of events, so the difference per event is the saving (an illustrative result, not a measurement)."""

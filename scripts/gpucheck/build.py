@@ -49,20 +49,63 @@ def _structural_equal(a, b) -> bool:
 
 
 def _merge(mods):
+    """One module of every variant's functions, a function shared by several variants once. Two variants may hold
+    different functions of one name: differently merged schedules of one model (IOS's merge stages, e.g. ``ios`` and
+    a ``--schedule`` file) each name their merged kernels ``..._merged``, ``..._merged1`` in their own order. The
+    later one is renamed (``name__v2``) in its module, calls included, so both programs keep their own kernels."""
     import tvm
 
     funcs: dict = {}
     by_name: dict = {}
     for m in mods:
+        clashes = [gv.name_hint for gv, f in m.functions.items()
+                   if gv.name_hint in by_name and not _structural_equal(by_name[gv.name_hint][1], f)]
+        if clashes:
+            taken = set(by_name) | {g.name_hint for g in m.get_global_vars()}
+            m = _renamed(m, {n: _free_name(n, taken) for n in clashes})
         for gv, f in m.functions.items():
-            prev = by_name.get(gv.name_hint)
-            if prev is not None:
-                if not _structural_equal(prev[1], f):
-                    raise RuntimeError(f"two different functions named {gv.name_hint} in the scheduled variants")
+            if gv.name_hint in by_name:
                 continue
             by_name[gv.name_hint] = (gv, f)
             funcs[gv] = f
     return tvm.IRModule(funcs)
+
+
+def _free_name(name: str, taken: set) -> str:
+    k = 2
+    while f"{name}__v{k}" in taken:
+        k += 1
+    taken.add(f"{name}__v{k}")
+    return f"{name}__v{k}"
+
+
+def _renamed(mod, renames: dict):
+    """``mod`` with the functions ``renames`` names (old -> new name) renamed, every call of them in its Relax
+    functions too (a PrimFunc's symbol follows its new name)."""
+    import tvm
+    from tvm import relax
+
+    keep = tvm.IRModule({g: f for g, f in mod.functions.items() if g.name_hint not in renames}, attrs=mod.attrs)
+    bb = relax.BlockBuilder(keep)
+    new_gv = {gv.name_hint: bb.add_func(f, renames[gv.name_hint]) for gv, f in mod.functions.items()
+              if gv.name_hint in renames}
+
+    @relax.expr_functor.mutator
+    class _Rename(relax.PyExprMutator):
+        def visit_global_var_(self, op):  # noqa: N802 - TVM's visitor name
+            return new_gv.get(op.name_hint, op)
+
+    out = bb.get()
+    renamed = {g.name_hint for g in new_gv.values()}
+    for gv, f in list(out.functions.items()):
+        if isinstance(f, relax.Function):
+            body = _Rename().visit_expr(f.body)
+            nf = relax.Function(list(f.params), body, f.ret_ty, f.is_pure)
+            f = nf.with_attrs(dict(f.attrs)) if f.attrs else nf
+        if gv.name_hint in renamed and f.attrs and "global_symbol" in f.attrs:
+            f = f.with_attr("global_symbol", gv.name_hint)
+        out[gv] = f
+    return out
 
 
 def _native_addons(program=None, lowered=()) -> list[str]:
