@@ -39,6 +39,10 @@ def register(sub) -> None:
                         "default CUDA kernels) | unit | table:FILE | measured (stages "
                         "timed on this CPU) | learned[:rounds=N,seed_stages=N] (XGBoost on timed stages) "
                         "(default: sim:h100, or sim:cpu with --target llvm)")
+    p.add_argument("--target", default=None,
+                   help="the target of the build the schedule is for (cuda or llvm...): its graph's layout and "
+                        "the default cost (sim:h100 / sim:cpu); with --active the target the kernels are built for "
+                        "(default cuda)")
     add_layout_arg(p, None, "the layout of the build the schedule is for (default: the --target's, else NCHW under "
                    "GPU costs, as GPU builds keep it, and auto under CPU costs, as `compile` builds)")
     p.add_argument("--cost-cache", default=None,
@@ -77,10 +81,6 @@ def register(sub) -> None:
                         "is measured on the fleet at once, else measure it on the device and --import the table")
     g.add_argument("--import", dest="import_results", default=None, metavar="RESULTS",
                    help="--active: the measured table of the waiting round")
-    g.add_argument("--target", default=None,
-                   help="the target of the build the schedule is for (cuda or llvm...): its graph's layout and "
-                        "the default cost (sim:h100 / sim:cpu); with --active the target the kernels are built for "
-                        "(default cuda)")
     g.add_argument("--rounds", type=int, default=4, help="--active: rounds at most (default 4)")
     g.add_argument("--clock", default="issue", choices=["issue", "device"],
                    help="--active: price stages and rank programs by the issue clock (calls back to back: a direct "
