@@ -49,6 +49,8 @@ def unit_latencies(path: str, clock: str = "issue") -> tuple[dict[str, float], i
     if missing:
         raise SystemExit(f"the {table.table.get('model')} table has no {clock}-clock time for {len(missing)} of its "
                          f"{len(units)} units (e.g. {missing[0]})")
+    if table.clock_fallbacks:   # the product prices them at their issue time; say so, as it does
+        print(table.composed_report(), file=sys.stderr)
     return table.units, int(table.table["number"]) if clock == "issue" else 0
 
 

@@ -528,7 +528,7 @@ def test_transfer_reads_the_wait_placement_of_a_build_of_both():
     assert any(both[v] != consumer[v] for v in both if "(dependency)" in v)
 
 
-def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times(tmp_path):
+def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times(tmp_path, capsys):
     """``gpu_cost_transfer.py --clock device``: each unit's device-clock latency from the table's single-unit stages
     (read by the product's ``TableCostModel``), as latencies that are not timings; a table measured without the
     device clock is refused naming it, and so is a table whose units lack a time (the H200 RandWire unit table of
@@ -566,3 +566,8 @@ def test_transfer_on_the_device_clock_reads_the_held_stream_unit_times(tmp_path)
     no_units = write("no_units.json", dict(table, stages=rows))
     with pytest.raises(SystemExit, match="randwire table has no device-clock time for 276 of its 276 units"):
         gpu_cost_transfer.unit_latencies(no_units, "device")
+    # a unit the device clock could not time: priced at its issue time, as the product does, and said
+    stages = [dict(st, device_latency=None) if st is one else st for st in table["stages"]]
+    partial, _ = gpu_cost_transfer.unit_latencies(write("partial.json", dict(table, stages=stages)), "device")
+    assert partial[one["groups"][0][0]] == one["latency"]
+    assert "1 rows of" in capsys.readouterr().err
