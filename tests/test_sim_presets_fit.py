@@ -70,3 +70,32 @@ def test_program_model_predicts_a_model_without_a_table_from_the_fitted_preset()
     errors = sorted(abs(r["error"]) for r in fitted)
     assert errors[-1] <= 0.12 and errors[len(errors) // 2] <= 0.06
     assert all(r["error"] < -0.3 for r in datasheet)
+
+
+def test_a_cuda_compile_reports_what_its_candidates_take_on_an_h100():
+    """``CompiledModel.gpu_estimate`` (printed by ``tvm-interop compile --target cuda``): the program model on
+    ``sim:h100-tvm``'s units for the library's candidate programs. SqueezeNet's greedy schedule and sequential, each
+    in both lowerings, direct and as a CUDA graph, within 12 % of what the H100 run of 2026-11-27 measured for the
+    same schedules (3-10 % there); nothing for a target the model was not validated on."""
+    import shutil
+
+    import tvm_interop
+    from tvm_interop.passes.cost.program_estimate import estimate_programs
+
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/bin/nvcc"):
+        pytest.skip("nvcc not found: no CUDA build here")
+    with open(os.path.join(ROOT, "docs", "gpu_check_h100_2026-11-27.json"), encoding="utf-8") as f:
+        run = json.load(f)
+    measured = {v["name"]: v for v in next(m for m in run["models"] if m["name"] == "squeezenet")["variants"]}
+    cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="greedy")
+    assert cm.schedule.num_stages == measured["greedy"]["stages"]   # the schedule the run measured
+    est = cm.gpu_estimate()
+    assert est["cost"] == "sim:h100-tvm"
+    names = {"sequential": "sequential", "greedy (stage)": "greedy", "greedy (dependency)": "greedy (dependency)"}
+    assert set(est["programs"]) == set(names)
+    for label, variant in names.items():
+        for how, suffix in (("direct", ""), ("cuda_graph", " + CUDA graph")):
+            ms = measured[variant + suffix]["median_ms"]
+            assert abs(est["programs"][label][how] / ms - 1) <= 0.12, (label, how, est["programs"][label][how], ms)
+    assert estimate_programs(cm.program, cm.schedule, "cuda -arch=sm_80") is None   # fitted on sm_90 only
+    assert estimate_programs(cm.program, cm.schedule, "llvm") is None

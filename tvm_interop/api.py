@@ -130,6 +130,14 @@ class CompiledModel:
         return memory_report(self.built_program or self.program, self.built_schedule or self.schedule, self.target,
                              mode=self.runner.mode, max_streams=self.max_streams)
 
+    def gpu_estimate(self) -> dict | None:
+        """What each candidate program of a CUDA build is expected to take on an H100-class GPU with TVM's default
+        kernels (``passes.cost.program_estimate``); None where that estimate does not apply."""
+        from tvm_interop.passes.cost.program_estimate import estimate_programs
+
+        return estimate_programs(self.built_program or self.program, self.built_schedule or self.schedule,
+                                 str(self.target), max_streams=self.max_streams)
+
     def close(self) -> None:
         self.runner.close()
 

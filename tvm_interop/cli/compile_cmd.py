@@ -106,6 +106,7 @@ def run(args) -> int:
         "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
         "library_units": None if cm.offload is None else cm.offload.to_json(),
         "layout": cm.layout,
+        "gpu_estimate": cm.gpu_estimate(),
     }
     if args.json:
         print_json(summary)
@@ -123,6 +124,11 @@ def run(args) -> int:
         if s.predicted_latency is not None:
             print(f"predicted by {s.device}: {s.predicted_latency * 1e3:.3f} ms "
                   f"(sequential {s.sequential_latency * 1e3:.3f} ms)")
+        est = summary["gpu_estimate"]
+        if est:
+            progs = ", ".join(f"{label} {t['direct']:.3f} / {t['cuda_graph']:.3f}" for label, t in est["programs"].items())
+            print(f"expected on an H100 with TVM's default kernels (program model on {est['cost']}; ms direct / "
+                  f"CUDA graph): {progs}")
         if summary["shipped_because"]:
             rejected = f" instead of {summary['rejected_scheduler']}" if summary["rejected_scheduler"] else ""
             print(f"shipped: {s.scheduler}{rejected}: {summary['shipped_because']}")
