@@ -21,12 +21,12 @@ def estimate_programs(program, schedule, target: str, max_streams: int = 8) -> d
     dependency mode when it has concurrency) and sequential; None where the model does not apply (see the module
     docstring)."""
     from ..candidates import sequential_schedule
+    from ..target import requested_arches
     from . import get_cost_model
     from .program import ProgramCostModel, load_fitted
 
-    words = str(target).split()
-    if not words or words[0] != "cuda" or not any(w.split("=", 1)[-1] in ARCHES for w in words[1:]
-                                                   if w.startswith("-arch")):
+    arches = requested_arches(target)   # [] for a target that is not CUDA
+    if not arches or not set(arches) <= set(ARCHES):
         return None
     if any(c.is_library for c in program.calls.values()) or any(st.strategy == "wave" for st in schedule.stages):
         return None

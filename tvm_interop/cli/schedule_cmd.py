@@ -202,23 +202,21 @@ def graph_layout_for_cost(cost: str) -> str:
     return "nchw" if gpu else "auto"
 
 
-GPU_TARGETS = ("cuda",)
-
-
 def resolve_target(args) -> None:
     """``--target`` of a plain search: the default cost of that device (``sim:h100`` for CUDA, ``sim:cpu`` for
     LLVM) and the layout its build keeps; a cost model of the other kind of device is refused, naming both (a
     schedule searched on another build's graph would not match the build it is for)."""
     from tvm_interop.passes.search import is_timed_cost
+    from tvm_interop.passes.target import device_kind
     from tvm_interop.runtime.errors import InteropError
 
     if not args.target:
         args.cost = args.cost or "sim:h100"
         return
-    kind = args.target.split()[0].split("-")[0].lower()
-    if kind not in GPU_TARGETS + ("llvm",):
+    kind = device_kind(args.target)
+    if kind not in ("cuda", "cpu"):
         raise InteropError(f"--target {args.target!r}: a schedule is searched for a cuda or an llvm build")
-    gpu = kind in GPU_TARGETS
+    gpu = kind == "cuda"
     if args.cost is None:
         args.cost = "sim:h100" if gpu else "sim:cpu"
     spec = str(args.cost)
