@@ -658,3 +658,57 @@ def test_wave_launches_script_counts_every_fused_launch(tmp_path, capsys):
     assert row["under_one_block_per_sm"] == sum(1 for b, _ in launches if b < 3)
     assert sum(row["under_by_block_size"].values()) == row["under_one_block_per_sm"]
     assert all(st["members"] >= 2 and len(st["member_s"]) == st["members"] for st in m["fused_stages"])
+
+
+def _two_pools_of_one_tensor():
+    """Two poolings of one activation, concatenated: a stage whose fused kernel takes one tensor and no weights."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType((1, 8, 16, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1))
+            b = bb.emit(relax.op.nn.avg_pool2d(x, pool_size=3, strides=1, padding=1))
+            out = bb.emit_output(bb.emit(relax.op.concat([a, b], axis=1)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("target", ["llvm", pytest.param(CUDA, marks=needs_nvcc)])
+def test_a_fused_stage_of_one_input_builds_through_tvms_own_pipeline(target):
+    """A fused kernel whose call passes one tensor went through Relax's RewriteDataflowReshape, which asks
+    HasReshapePattern about it and stopped the build with an InternalError (not a root block): `compile
+    --wave-fusion` failed so on GoogLeNet's greedy stage of two layout transforms of one activation. Every fused
+    kernel now has an empty root block, which TVM's lowering removes: the compiled kernels are the same."""
+    from tvm import s_tir
+
+    t = normalize_target(target)
+    mod = _two_pools_of_one_tensor()
+    program = prepare_program(mod, t, name="pools", layout="nchw")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100" if t.kind.name == "cuda" else "sim:cpu")
+    fused_prog, _, records = apply_wave_fusion(program, sched, t)
+    waves = {gv.name_hint: f for gv, f in fused_prog.mod.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and WAVE_ATTR in f.attrs}
+    assert len(waves) == 1 and [r for r in records if r.fused], [r.reasons for r in records]
+    (name, func), = waves.items()
+    assert isinstance(func.body, s_tir.SBlockRealize) and len(func.params) == 1 + 2   # one input, two outputs
+    # the fused program's own sequential main, through TVM's whole pipeline (where it failed)
+    lib = tvm.compile(fused_prog.mod, t)
+    if t.kind.name != "cuda":
+        x = _input(mod)
+        got = tvm.relax.VirtualMachine(lib, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, tvm_interop.run_reference(mod, [x]), **TOL)
+    # the root block changes nothing that is compiled: the same code with and without it
+    kernels = {name: func.with_attr("global_symbol", name)}
+    bare = {name: kernels[name].with_body(func.body.block.body)}
+
+    def code(funcs):
+        built = tvm.tirx.build(tvm.IRModule(funcs), target=t)
+        if t.kind.name == "cuda":
+            return built.imports[0].inspect_source()
+        seen: dict = {}   # LLVM's alias metadata names buffers by their object's address
+        return re.sub(r"0x[0-9a-f]{6,}", lambda m: f"A{seen.setdefault(m.group(0), len(seen))}",
+                      built.inspect_source("ll"))
+
+    assert code(kernels) == code(bare)

@@ -140,4 +140,21 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
         from .cpu import fuse_cpu
 
         func, waves, mode = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
-    return WaveKernel(func, sig, waves, mode)
+    return WaveKernel(in_root_block(func), sig, waves, mode)
+
+
+def in_root_block(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its body inside an empty root block, as every function TVM itself makes has it.
+
+    Why: Relax's passes assume that shape. ``RewriteDataflowReshape`` asks ``HasReshapePattern`` about every
+    dataflow call that passes one tensor, and that check stops the build with an InternalError on a body that is
+    not a root block: a fused stage of members that all read one tensor and no weights (GoogLeNet's greedy
+    stage of two layout transforms of one activation, on an 8-lane CPU) failed `compile --wave-fusion` that
+    way. The block has no iterators, buffers or reads: TVM's lowering removes it again (``LowerOpaqueBlock``),
+    so the kernel compiled is the same (``tests/test_wave.py`` compares the lowered code with and without it)."""
+    from tvm import s_tir
+
+    if isinstance(func.body, s_tir.SBlockRealize):
+        return func
+    root = s_tir.SBlock([], [], [], "root", func.body)
+    return func.with_body(s_tir.SBlockRealize([], True, root))
