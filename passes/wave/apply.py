@@ -241,20 +241,23 @@ def _repacked(program, target):
 
 
 def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | None = None,
-                      veus: int | None = None, name_prefix: str = ""):
+                      veus: int | None = None, name_prefix: str = "", repack_weights: bool = True):
     """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``).
 
     Returns ``(new_program, new_schedule, records)``. CPU targets first get their weights repacked at build
     time (``passes.kernels.prepack``), so the fused kernels read repacked weights like the unfused ones. The
     constants keep their indices (callers that pass weights by position rely on it). ``name_prefix``: for the
-    fused kernels' names (several fused programs in one library).
+    fused kernels' names (several fused programs in one library). ``repack_weights=False`` fuses the kernels as
+    they are, for a library that takes its weights as parameters (``scripts/gpu_check``'s CPU dry run): its
+    unfused kernels repack nothing at build time, and the caller passes the model's weights to every variant.
     """
     from ..extract import extract
     from ..target import normalize_target
 
     target = normalize_target(target)
     schedule.validate(program.graph)
-    program = fusion_program(program, target)
+    if repack_weights:
+        program = fusion_program(program, target)
     chosen = fusable_stages(schedule) if stages is None else list(stages)
     kernels, records = [], []
     for si in chosen:

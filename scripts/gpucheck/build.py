@@ -268,7 +268,10 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
         if spec.endswith(WAVE):   # every fusable stage fused (the H100 run tells whether it pays)
             from tvm_interop.passes.wave import apply_wave_fusion
 
-            prog, sched, records = apply_wave_fusion(program, sched, ctx.target, name_prefix=f"{sname}_")
+            # the weights are parameters that the device draws in the model's shapes: a CPU dry run's fused
+            # kernels must read them as they are, not repacked at build time as a CPU library's constants are
+            prog, sched, records = apply_wave_fusion(program, sched, ctx.target, name_prefix=f"{sname}_",
+                                                     repack_weights=False)
             fused = [r for r in records if r.fused]
             if not fused:
                 log(f"  {name}: {spec}: no stage fused, skipped")
