@@ -435,8 +435,10 @@ def test_build_with_a_schedule_file_adds_its_variants(tmp_path):
 
 def test_build_with_two_differently_merged_schedules_keeps_each_ones_kernels(tmp_path):
     """Two schedules of one model with different IOS merges (``ios`` and a ``--schedule`` file without its first two
-    merges, which share one merged kernel) name their merged kernels alike (``..._merged``, in their own order): the build renames the later
-    program's clashing kernels, calls included, instead of failing, and each variant computes plain TVM's output."""
+    merges) name their merged kernels alike (``..._merged``, in their own order): the build renames the later
+    program's clashing kernels, calls included, instead of failing, and each variant computes plain TVM's output.
+    A third with ios's own merges (``same``) makes merged kernels equal to ios's under the same names: its calls
+    go to ios's (the build found no definition of them when three merged programs came together)."""
     import dataclasses
 
     import tvm_interop
@@ -452,10 +454,12 @@ def test_build_with_two_differently_merged_schedules_keeps_each_ones_kernels(tmp
     stages = [Stage(st.groups, CONCURRENT) if k in merges[:2] else st for k, st in enumerate(ios.stages)]
     path = str(tmp_path / "fewer.json")
     dataclasses.replace(ios, stages=stages).save(path)
+    same = str(tmp_path / "same.json")
+    ios.save(same)
     d = str(tmp_path / "build")
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
             "--dir", d, "--no-kit", "--schedulers", "ios", "--modes", "stage", "--no-stage-times",
-            "--schedule", f"squeezenet:fewer={path}")
+            "--schedule", f"squeezenet:fewer={path}", "--schedule", f"squeezenet:same={same}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "squeezenet: fewer: %d merge stage(s) applied" % (len(merges) - 2) in r.stderr
     env, _ = _runtime_only_env(tmp_path)
@@ -463,7 +467,49 @@ def test_build_with_two_differently_merged_schedules_keeps_each_ones_kernels(tmp
     r = _gc("run", "--dir", d, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "0", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     ok = {v["name"]: v["ok"] for v in json.load(open(os.path.join(out, "gpu_check.json")))["models"][0]["variants"]}
-    assert ok["ios"] and ok["fewer"] and ok["fewer + CUDA graph"], ok
+    assert ok["ios"] and ok["fewer"] and ok["fewer + CUDA graph"] and ok["same"], ok
+
+
+def test_merged_module_calls_each_kept_function_through_its_own_global_var():
+    """``gpucheck.build._merge`` keeps one function per name: a later module whose function of that name is the
+    same (two merged programs that merged the same pair, each with its own GlobalVar) must call the kept one's
+    GlobalVar, else the CUDA build finds no definition of what it calls (ios, ios_s2, ios_s4 of Inception-v3 in
+    one library); a different function of that name is renamed, calls included."""
+    import tvm
+    from gpucheck.build import _merge
+    from tvm import relax
+    from tvm.script import tirx as T
+
+    def kernel(scale: float):
+        @T.prim_func(private=True, s_tir=True)
+        def k(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
+            for i in range(4):
+                with T.sblock("b"):
+                    vi = T.axis.spatial(4, i)
+                    b[vi] = a[vi] * T.float32(scale)
+        return k
+
+    def module(main_name: str, scale: float):
+        bb = relax.BlockBuilder()
+        gv = bb.add_func(kernel(scale), "k_merged")
+        x = relax.Var("x", relax.TensorType((4,), "float32"))
+        with bb.function(main_name, [x]):
+            y = bb.emit(relax.call_tir(gv, [x], relax.TensorType((4,), "float32")))
+            bb.emit_func_output(y)
+        return bb.get()
+
+    merged = _merge([module("ios", 2.0), module("fewer", 3.0), module("same", 2.0)])
+    own = {gv.name_hint: gv for gv in merged.get_global_vars()}
+    assert sorted(own) == ["fewer", "ios", "k_merged", "k_merged__v2", "same"]
+    for name, want in (("ios", "k_merged"), ("same", "k_merged"), ("fewer", "k_merged__v2")):
+        called = [a for b in merged[name].body.blocks for bd in b.bindings for a in bd.value.args
+                  if isinstance(a, tvm.ir.GlobalVar)]
+        assert [g.name_hint for g in called] == [want] and called[0].same_as(own[want]), name
+    ex = tvm.compile(merged, "llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = np.arange(4, dtype="float32")
+    for name, scale in (("ios", 2.0), ("fewer", 3.0), ("same", 2.0)):
+        np.testing.assert_allclose(vm[name](tvm.runtime.tensor(x)).numpy(), x * scale)
 
 
 def test_report_prices_one_reused_event():

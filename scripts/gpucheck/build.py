@@ -63,6 +63,13 @@ def _merge(mods):
         if clashes:
             taken = set(by_name) | {g.name_hint for g in m.get_global_vars()}
             m = _renamed(m, {n: _free_name(n, taken) for n in clashes})
+        # a function kept from an earlier module under its name: this module's calls must use that module's
+        # GlobalVar (two merged programs that merged the same pair each made their own; the build looks calls
+        # up by GlobalVar and found no definition of the second one: ios, ios_s2 and ios_s4 of Inception-v3)
+        shared = {gv.name_hint: by_name[gv.name_hint][0] for gv in m.get_global_vars()
+                  if gv.name_hint in by_name and not by_name[gv.name_hint][0].same_as(gv)}
+        if shared:
+            m = _calls_rebound(m, shared)
         for gv, f in m.functions.items():
             if gv.name_hint in by_name:
                 continue
@@ -89,22 +96,32 @@ def _renamed(mod, renames: dict):
     bb = relax.BlockBuilder(keep)
     new_gv = {gv.name_hint: bb.add_func(f, renames[gv.name_hint]) for gv, f in mod.functions.items()
               if gv.name_hint in renames}
-
-    @relax.expr_functor.mutator
-    class _Rename(relax.PyExprMutator):
-        def visit_global_var_(self, op):  # noqa: N802 - TVM's visitor name
-            return new_gv.get(op.name_hint, op)
-
-    out = bb.get()
+    out = _calls_rebound(bb.get(), new_gv)
     renamed = {g.name_hint for g in new_gv.values()}
     for gv, f in list(out.functions.items()):
-        if isinstance(f, relax.Function):
-            body = _Rename().visit_expr(f.body)
-            nf = relax.Function(list(f.params), body, f.ret_ty, f.is_pure)
-            f = nf.with_attrs(dict(f.attrs)) if f.attrs else nf
         if gv.name_hint in renamed and f.attrs and "global_symbol" in f.attrs:
-            f = f.with_attr("global_symbol", gv.name_hint)
-        out[gv] = f
+            out[gv] = f.with_attr("global_symbol", gv.name_hint)
+    return out
+
+
+def _calls_rebound(mod, targets: dict):
+    """``mod`` with every reference of its Relax functions to a function named in ``targets`` (name ->
+    GlobalVar) replaced by that GlobalVar."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _Rebind(relax.PyExprMutator):
+        def visit_global_var_(self, op):  # noqa: N802 - TVM's visitor name
+            return targets.get(op.name_hint, op)
+
+    import tvm
+
+    out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)   # the caller's module stays as it is
+    for gv, f in list(mod.functions.items()):
+        if isinstance(f, relax.Function):
+            body = _Rebind().visit_expr(f.body)
+            nf = relax.Function(list(f.params), body, f.ret_ty, f.is_pure)
+            out[gv] = nf.with_attrs(dict(f.attrs)) if f.attrs else nf
     return out
 
 
