@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The open GPU questions of issues 12 and 15, built here from committed code in one command and measured in one
+# call of the device tool.
+#
+# Why a script: a session's checkout (and the ignored builds in it) does not always survive to the next session,
+# and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
+# in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
+#
+#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU), about 25-40 min on 2 cores
+#   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
+#   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600; about 5-8 min)
+#   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
+# GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every part at that size (a smoke test of this script:
+# a few minutes here); GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
+#
+# What each part answers:
+#   widths   Inception-v3 and NASNet-A-large with ios limited to 2 and 4 groups per stage (ios_s2, ios_s4), with
+#            kernel timelines of their CUDA-graph programs: is NASNet-A-large's ios + CUDA graph slow (14.34 ms
+#            against greedy's 9.91 ms on the H200 geomean run) because its stages are wide?
+#   preset   SqueezeNet, RandWire and NASNet-A-large with ios searched under sim:h200-tvm, the preset fitted to
+#            TVM's default CUDA kernels (ios_tvm), against ios under sim:h100: if it is faster on the device, the
+#            CUDA default cost could switch.
+#   geomean  the four models of issue 12's geomean target (Inception-v3, RandWire, NASNet-A-large, SqueezeNet)
+#            with sequential, greedy, lios and ios in both modes, with and without CUDA graph: one build, so the
+#            run also re-measures the target (H200 geomean run: 1.57x; target 1.6x).
+#   active   round 1 of an active device search on NASNet-A-large whose bundle has the dependency-mode twins of
+#            the picks' programs (never run on a GPU); `finish` imports it and builds round 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step="${1:-}"
+shift || true
+BUILD="${GPU_EXPERIMENTS_BUILD:-.gpu_check_exp}"
+ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-.active_nasnet_large_twins}"
+MODELS=inception_v3,squeezenet,randwire,nasnet_a_large
+read -r -a SIZE <<< "${GPU_EXPERIMENTS_SIZE:-}"
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=python3
+TI=(env PYTHONUNBUFFERED=1 "$PY" -c "import sys; from tvm_interop.cli import main; sys.exit(main())")
+
+exclude() {
+  local f
+  f="$(git rev-parse --git-path info/exclude)"
+  mkdir -p "$(dirname "$f")"
+  grep -qxF "/$1/" "$f" 2>/dev/null || echo "/$1/" >> "$f"
+}
+
+case "$step" in
+  build)
+    exclude "$BUILD"; exclude "$ACTIVE"
+    S="$BUILD/schedules"
+    mkdir -p "$S"
+    SCHEDULES=()
+    for m in inception_v3 nasnet_a_large; do
+      for s in 2 4; do
+        "${TI[@]}" schedule "$m" "${SIZE[@]}" --target cuda --s "$s" --quiet -o "$S/$m.ios_s$s.json"
+        SCHEDULES+=(--schedule "$m:ios_s$s=$S/$m.ios_s$s.json")
+      done
+    done
+    for m in squeezenet randwire nasnet_a_large; do
+      "${TI[@]}" schedule "$m" "${SIZE[@]}" --target cuda --cost sim:h200-tvm --quiet -o "$S/$m.ios_tvm.json"
+      SCHEDULES+=(--schedule "$m:ios_tvm=$S/$m.ios_tvm.json")
+    done
+    # no cuDNN entries, waits and syncs as the product lowers them: the questions are about TVM's kernels
+    GPU_CHECK_DIR="$BUILD" bash scripts/gpu_check.sh build --dir "$BUILD" --models "$MODELS" "${SIZE[@]}" \
+      --schedulers sequential,greedy,lios,ios --cudnn '' --waits stage-start --sync tvm "${SCHEDULES[@]}" "$@"
+    if [ ! -f "$ACTIVE/active.json" ]; then
+      "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" \
+        -o "$ACTIVE/shipped.json" || [ -d "$ACTIVE/round-1" ]
+    fi
+    [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
+    du -sh "$BUILD" "$ACTIVE"
+    echo "carry: $("$0" carry)"
+    ;;
+  carry)
+    echo "[\"$BUILD\", \"$ACTIVE\"]"
+    ;;
+  run)
+    O="${OUT:-gpu_experiments_out}"
+    status=0
+    GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ACTIVE/round-1" || status=1
+    GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
+      --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
+      "$@" || status=1
+    exit "$status"
+    ;;
+  finish)
+    [ $# -ge 1 ] || { echo "usage: scripts/gpu_experiments.sh finish FILES_AT [NAME]" >&2; exit 2; }
+    F="$1"
+    NAME="${2:-gpu_check_experiments_$(date +%F)}"
+    bash scripts/gpu_check.sh report "$F/run/gpu_check.json" --name "$NAME"
+    "$PY" scripts/gpu_cost_transfer.py "$F/run/gpu_check.json" --sim sim:h200-tvm --out "docs/${NAME}_sim_transfer.json"
+    "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
+      -o "$ACTIVE/shipped.json"
+    ;;
+  *)
+    echo "usage: scripts/gpu_experiments.sh build | carry | run | finish FILES_AT [NAME]" >&2
+    exit 2
+    ;;
+esac
