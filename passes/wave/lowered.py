@@ -87,11 +87,27 @@ def rebuild(stmt, fn):
         body = rebuild(stmt.body, fn)
         if not body.same_as(stmt.body):
             stmt = S.While(stmt.condition, body)
+    elif _is_root_wrapper(stmt):
+        body = rebuild(stmt.block.body, fn)
+        if not body.same_as(stmt.block.body):
+            b = stmt.block
+            stmt = s_tir.SBlockRealize([], stmt.predicate, s_tir.SBlock(
+                b.iter_vars, b.reads, b.writes, b.name_hint, body, b.init, b.alloc_buffers, b.match_buffers,
+                b.annotations))
     return fn(stmt)
 
 
+def _is_root_wrapper(stmt) -> bool:
+    """An empty root block around a body (no iterators, buffers or reads): what every fused kernel's body is
+    wrapped in (``kernel.in_root_block``), so walks over a fused kernel's statements see through it."""
+    return (isinstance(stmt, s_tir.SBlockRealize) and not stmt.iter_values and not stmt.block.iter_vars
+            and not stmt.block.alloc_buffers and not stmt.block.match_buffers)
+
+
 def flat(stmt) -> list:
-    """The statements of a (possibly nested) SeqStmt, in order."""
+    """The statements of a (possibly nested) SeqStmt, in order (through a fused kernel's root block)."""
+    if _is_root_wrapper(stmt):
+        return flat(stmt.block.body)
     if isinstance(stmt, S.SeqStmt):
         out = []
         for s in stmt.seq:
