@@ -6,13 +6,15 @@
 # and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
 # in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
 #
-#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU); longer than the smoke build
+#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): 16 min on 2 cores
 #   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
 #   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600)
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
-# GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every part at that size, a smoke test of this script
-# (2026-11-27 on the 2-core dev machine: 16.5 min, 9.7 MiB of libraries + 12 MiB of search round; the full size
-# was not built that day). GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
+# Full size, 2026-11-28 on the 2-core dev machine: 16 min 16 s, 9.6 MiB of libraries + 12 MiB of search round
+# (inception_v3 138 s, squeezenet 70 s, randwire 259 s, nasnet_a_large 282 s of gpu_check build; the rest is the
+# seven schedule searches and the active round). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
+# part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB).
+# GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
 #
 # What each part answers:
 #   widths   Inception-v3 and NASNet-A-large with ios limited to 2 and 4 groups per stage (ios_s2, ios_s4), with
