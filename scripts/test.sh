@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install into .venv (tests + ONNX + viz + rpc + cuda extras) and run the test suite.
-#   scripts/test.sh            default suite (skips tests marked slow)
+#   scripts/test.sh            the development suite (skips tests marked zoo or slow)
+#   scripts/test.sh --zoo      adds the zoo-wide checks on the costliest zoo models (marker zoo): what CI runs
 #   scripts/test.sh --slow     everything, including full-size model tests
 #   scripts/test.sh -k ios     extra arguments go to pytest
 # Set TVM_INTEROP_EXTRAS=test,onnx,torch to also test the torch frontend (torch==2.13.0, a CPU build).
@@ -13,12 +14,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh "${TVM_INTEROP_EXTRAS:-test,onnx,viz,rpc,cuda}"
-SLOW="not slow"
+# tiers: the default leaves out `zoo` and `slow`; --zoo adds `zoo`; --slow adds both
+SKIP="not slow and not zoo"
 ARGS=()
 for a in "$@"; do
-  if [ "$a" = "--slow" ]; then SLOW=""; else ARGS+=("$a"); fi
+  case "$a" in
+    --slow) SKIP="" ;;
+    --zoo) [ -z "$SKIP" ] || SKIP="not slow" ;;
+    *) ARGS+=("$a") ;;
+  esac
 done
-and_slow() { if [ -n "$SLOW" ]; then echo "$1 and $SLOW"; else echo "$1"; fi; }
+and_slow() { if [ -n "$SKIP" ]; then echo "$1 and $SKIP"; else echo "$1"; fi; }
 
 CORES=$(.venv/bin/python -c "import os; print(len(os.sched_getaffinity(0)))")
 WORKERS="${TVM_INTEROP_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"

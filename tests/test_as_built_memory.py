@@ -16,7 +16,8 @@ from tvm_interop.passes.lower_streams import lower_program
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.cuda import KEEPALIVE_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC
-from tvm_interop.models import get_model, list_models, small_config
+from tvm_interop.models import get_model, small_config
+from zoo_cases import zoo_params
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 SCHEDULERS = ("greedy", "lios", "ios")
@@ -50,7 +51,7 @@ def _check_program(program, scheduler: str, mode: str, label: str) -> None:
         assert report.functions[MAIN_GRAPH_FUNC]["kernels"] >= report.functions[MAIN_FUNC]["kernels"] + 2, label
 
 
-@pytest.fixture(scope="module", params=list_models())
+@pytest.fixture(scope="module", params=zoo_params())
 def zoo_program(request):
     name = request.param
     return name, tvm_interop.api.prepare_program(get_model(name, **small_config(name)), CUDA, name=name)

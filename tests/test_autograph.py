@@ -14,8 +14,8 @@ from tvm_interop.runtime.model import ScheduledModel
 from tvm_interop.api import prepare_program
 from tvm_interop.cli import main
 from tvm_interop.fuzz import random_cell_model, random_input, random_model
-from tvm_interop.models import get_model, list_models, small_config
-from zoo_cases import zoo_case
+from tvm_interop.models import get_model, small_config
+from zoo_cases import zoo_case, zoo_params
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -32,7 +32,7 @@ def _search(mod, cost="sim:h100", **options):
                          options=options)
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", zoo_params())
 def test_zoo_autograph_matches_plain_tvm_on_both_executors(name):
     mod, x, ref = zoo_case(name)
     # no memory bound: a tightened schedule is re-priced as a new one, and this test checks the search's pick

@@ -20,6 +20,7 @@ from tvm_interop.passes.schedulers.latency import schedule_cost
 from tvm_interop.passes.schedulers.bitdag import LocalDAG, ideals
 from tvm_interop.passes.synthetic import nasnet_like, random_dag, randwire_like
 from tvm_interop.runtime.errors import InteropError
+from zoo_cases import zoo_params
 
 SIM = get_cost_model("sim:h100")
 UNIT = UnitCostModel()
@@ -294,7 +295,7 @@ def test_schedule_command_reports_blocks(capsys):
 
 
 # ------------------------------------------------------------------------------------------------ numerics
-@pytest.mark.parametrize("name", __import__("tvm_interop.models", fromlist=["list_models"]).list_models())
+@pytest.mark.parametrize("name", zoo_params())
 def test_zoo_models_scheduled_over_chains_match_plain_tvm(name):
     """ios over schedule units (chains contracted, frontier blocks) on every zoo model equals plain tvm.compile,
     in stage and dependency modes; the schedule the build used really kept its chains together."""

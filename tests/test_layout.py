@@ -10,13 +10,13 @@ import tvm
 from tvm import relax, te, topi
 
 import tvm_interop
-from tvm_interop.models import get_model, list_models, small_config
+from tvm_interop.models import get_model, small_config
 from tvm_interop.passes.kernels.cpu_schedule import schedule_cpu, vector_lanes
 from tvm_interop.passes.kernels.nchwc import conv2d_nchwc
 from tvm_interop.passes.layout import (blocked_convs, channel_block, resolve_layout, to_nchwc)
 from tvm_interop.passes.target import normalize_target
 from tvm_interop.runtime.errors import InteropError
-from zoo_cases import zoo_case
+from zoo_cases import zoo_case, zoo_params
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 HOST = normalize_target("llvm")
@@ -27,7 +27,7 @@ def _input(mod, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", zoo_params())
 def test_zoo_blocked_equals_plain_tvm(name):
     """Every zoo model (small config) with 4-channel blocks (so the narrow configs block most convolutions; the
     kernel is the same at any block) computes what a plain TVM build of the NCHW model computes, on a

@@ -83,15 +83,15 @@ def test_a_bound_that_one_group_per_stage_cannot_meet_ships_the_sequential_order
     out.validate(program.graph)
 
 
-def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential():
+def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential(branchy_model):
     """After the memory bound's fallback the program runs sequential's kernels one at a time: the guard would time
     the same work twice (NASNet-A-large: 44 s of an 82 s compile, and a "measured slower" that was noise), so it
-    ships without timing, says why, and computes what plain TVM computes."""
+    ships without timing, says why, and computes what plain TVM computes. (The inception-like block of conftest:
+    lios runs 5 groups at once; the bound sits between sequential's storage and one group's.)"""
     import numpy as np
-    from tvm_interop.models import get_model, small_config
     from tvm_interop.passes.lower import make_plan
 
-    mod = get_model("googlenet", **small_config("googlenet"))
+    mod = branchy_model
     program = tvm_interop.api.prepare_program(mod)
     s = schedule_graph(program.graph, "lios")
     seq_bytes = make_plan(program, schedule_graph(program.graph, "sequential", "unit")).storage_bytes()

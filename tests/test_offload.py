@@ -29,6 +29,7 @@ from tvm_interop.passes.offload import CONV2D_FUNC, DENSE_FUNC, is_candidate, ma
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.errors import InteropError
+from zoo_cases import zoo_params
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +42,7 @@ EXPECTED_REFUSALS = {
 }
 
 
-@pytest.fixture(scope="module", params=list_models())
+@pytest.fixture(scope="module", params=zoo_params())
 def zoo_cuda_program(request):
     name = request.param
     return name, tvm_interop.api.prepare_program(get_model(name, **small_config(name)), CUDA, name=name)

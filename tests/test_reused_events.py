@@ -7,20 +7,21 @@ from __future__ import annotations
 import pytest
 
 import tvm_interop
-from tvm_interop.models import get_model, list_models, small_config
+from tvm_interop.models import get_model, small_config
 from tvm_interop.passes.as_built import as_built_ir
 from tvm_interop.passes.lower_streams import EVENT_SYNC, EVENTS_CREATE, EVENTS_FREE, SYNC, lower_program
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.stream_memory import check_stream_memory_safety
 from tvm_interop.runtime.cuda import FREE_STREAMS_FUNC, MAIN_FUNC, MAIN_GRAPH_FUNC, STREAMS_FUNC
 from tvm_interop.runtime.errors import InteropError
+from zoo_cases import zoo_params
 
 from issued_ops import extern_calls
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
 
-@pytest.fixture(scope="module", params=list_models())
+@pytest.fixture(scope="module", params=zoo_params())
 def zoo_program(request):
     name = request.param
     return name, tvm_interop.api.prepare_program(get_model(name, **small_config(name)), CUDA, name=name)

@@ -23,6 +23,7 @@ from tvm_interop.passes.substitutions import (
 )
 from tvm_interop.passes.substitutions.check import _run_tvm
 from tvm_interop.passes.substitutions.numpy_eval import Unsupported, evaluate
+from zoo_cases import zoo_params
 
 op = relax.op
 
@@ -565,7 +566,7 @@ def test_zoo_matches_found(zoo_matches):
         assert all(set(m.nodes) <= nodes for m in ms), name
 
 
-@pytest.mark.parametrize("name", sorted(ZOO_SMALL))
+@pytest.mark.parametrize("name", zoo_params(sorted(ZOO_SMALL)))
 def test_zoo_one_match_per_rule_keeps_outputs(name, zoo_matches):
     mod, _ = zoo_matches[name]
     new, applied = mod, []

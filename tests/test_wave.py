@@ -27,7 +27,7 @@ from tvm_interop.passes.wave.kernel import WAVE_ATTR
 from tvm_interop.passes.wave.lowered import split_cpu
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.model import ScheduledModel
-from zoo_cases import zoo_case
+from zoo_cases import zoo_case, zoo_param, zoo_params
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 HOST = normalize_target("llvm")
@@ -224,8 +224,8 @@ def _zoo(name: str):
     return prepare_program(mod, HOST, name=name), x, ref
 
 
-ZOO_CASES = ([pytest.param(n, "greedy", id=f"{n}-greedy") for n in list_models()]
-             + [pytest.param(n, "lios", id=f"{n}-lios", marks=() if n in LIOS_FAST else pytest.mark.slow)
+ZOO_CASES = ([zoo_param(n, "greedy", id=f"{n}-greedy") for n in list_models()]
+             + [zoo_param(n, "lios", id=f"{n}-lios", marks=() if n in LIOS_FAST else pytest.mark.slow)
                 for n in list_models()])
 
 
@@ -430,7 +430,7 @@ CUDA = "cuda -arch=sm_90"
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", zoo_params())
 def test_every_zoo_model_fused_for_cuda_compiles_and_passes_the_as_built_memory_check(name):
     """Every fusable stage fused for CUDA: the fused kernels compile with nvcc, and the scheduled program that
     calls them passes the stream memory check on the IR the build compiles. (Numerics need a GPU: gpu_check.)"""

@@ -8,14 +8,14 @@ import tvm_interop
 from tvm_interop.passes.partition import cut_points
 from tvm_interop.runtime.model import ScheduledModel
 from tvm_interop.models import MODELS, get_model, list_models
-from zoo_cases import zoo_case as cached_zoo_case
+from zoo_cases import zoo_case as cached_zoo_case, zoo_params
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 
 
-@pytest.fixture(scope="module", params=list_models())
+@pytest.fixture(scope="module", params=zoo_params())
 def zoo_case(request):
     name = request.param
     mod, x, ref = cached_zoo_case(name)
