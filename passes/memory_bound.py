@@ -45,18 +45,22 @@ class MemoryReport:
 def limit_concurrency(schedule: Schedule, k: int) -> Schedule:
     """A copy of ``schedule`` whose concurrent stages have at most ``k`` groups (longest groups first)."""
     stages: list[Stage] = []
-    for st in schedule.stages:
+    origin: list[int] = []   # the stage of ``schedule`` each new stage came from
+    for si, st in enumerate(schedule.stages):
         if st.strategy != CONCURRENT or len(st.groups) <= k:
             stages.append(Stage([list(g) for g in st.groups], st.strategy))
+            origin.append(si)
             continue
         groups = sorted(st.groups, key=len, reverse=True)
         for i in range(0, len(groups), k):
             stages.append(Stage([list(g) for g in groups[i:i + k]]))
+            origin.append(si)
     d = schedule.to_json()
     out = Schedule.from_json(d)
     out.stages = stages
     out.predicted_latency = None
     out.options = dict(out.options, max_groups_per_stage=k)
+    _restage_wave_choice(out, origin, f"the memory bound split stages to at most {k} groups")
     return out
 
 
@@ -67,7 +71,27 @@ def in_sequential_order(schedule: Schedule, sequential: Schedule) -> Schedule:
     out.stages = [Stage([list(g) for g in st.groups], st.strategy) for st in sequential.stages]
     out.predicted_latency = None
     out.options = dict(out.options, max_groups_per_stage=1, memory_fallback="sequential order")
+    _restage_wave_choice(out, [None] * len(out.stages), "the memory bound's fallback to the sequential order")
     return out
+
+
+def _restage_wave_choice(out: Schedule, origin: list, why: str) -> None:
+    """Carry a wave-fusion choice (``options["wave_fusion"]``, stage indices) over to ``out``'s new stages.
+
+    Why: the indices name stages of the schedule the bound rewrote. Left as they were, they named other stages
+    of the rewritten one, and ``compile`` of a saved wave schedule that the bound fell back to sequential fused
+    stages that no longer existed and stopped with "schedule was made for a different model". A stage split by
+    the bound keeps its choice in every part that still has groups to fuse (a part of a fused stage is a stage
+    of fewer independent groups; the cost model priced the whole); a stage that is gone is dropped, and the
+    choice records what happened."""
+    wf = out.options.get("wave_fusion")
+    if not wf:
+        return
+    chosen = set(wf.get("stages", []))
+    stages = [i for i, src in enumerate(origin) if src in chosen
+              and out.stages[i].strategy == CONCURRENT and len(out.stages[i].groups) >= 2]
+    out.options = dict(out.options, wave_fusion=dict(wf, stages=stages, restaged=(
+        f"{why}: stages {sorted(chosen)} of the searched schedule -> {stages}")))
 
 
 def bound_memory(program, schedule: Schedule, mode: str = "stage", max_memory_ratio: float | None = 1.5,

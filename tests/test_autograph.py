@@ -49,7 +49,7 @@ def test_zoo_autograph_matches_plain_tvm_on_both_executors(name):
     cm.close()
 
 
-@pytest.mark.parametrize("name", ["inception_v3", "nasnet_a_mobile"])
+@pytest.mark.parametrize("name", zoo_params(["inception_v3", "nasnet_a_mobile"]))
 def test_saved_candidate_with_substitutions_rebuilds_the_same_numbers(name, tmp_path):
     """Every verified candidate's schedule carries its substitutions: compiling the original model with it
     rewrites the model the same way, and the scheduled, rewritten program still matches plain TVM."""

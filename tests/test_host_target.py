@@ -119,12 +119,11 @@ class _ConcurrencyHurts:
         return Model(name="concurrency-hurts")
 
 
-def test_default_cpu_path_never_ships_a_schedule_predicted_slower():
+def test_default_cpu_path_never_ships_a_schedule_predicted_slower(branchy_model):
     import tvm_interop
-    from tvm_interop.models import get_model, small_config
 
-    mod = get_model("googlenet", **small_config("googlenet"))
-    cm = tvm_interop.compile(mod, scheduler="greedy", cost=_ConcurrencyHurts(), name="googlenet",
+    mod = branchy_model   # an inception-like block: greedy runs its four branches at once
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost=_ConcurrencyHurts(), name="branchy",
                              max_memory_ratio=None)
     try:
         s = cm.schedule
@@ -134,7 +133,7 @@ def test_default_cpu_path_never_ships_a_schedule_predicted_slower():
         cm.close()
     # predicted faster: the default guard then times it against sequential, on the executors they ship with, and
     # the faster one ships (which one is this machine's business; the decision and its numbers are recorded)
-    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", name="googlenet", max_memory_ratio=None)
+    cm = tvm_interop.compile(mod, scheduler="greedy", cost="unit", name="branchy", max_memory_ratio=None)
     try:
         g = cm.guard
         assert g is not None and g.repeat > 0

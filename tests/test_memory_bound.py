@@ -121,3 +121,43 @@ def test_a_schedule_left_one_unit_at_a_time_is_not_timed_against_sequential(bran
         assert cm.guard is not None and "guard" in cm.timings
     finally:
         cm.close()
+
+
+def test_a_wave_choice_follows_the_stages_the_bound_leaves(program, branchy_model, branchy_reference,
+                                                           branchy_input, tmp_path):
+    """A schedule saved with a wave-fusion choice names stages by index. When the bound splits or replaces its
+    stages, the choice moves to the parts that still have groups to fuse (or is dropped, and says why), and
+    ``compile`` of the saved schedule builds it and computes what plain TVM computes. Before, the stale indices
+    named other stages and compile stopped with "schedule was made for a different model" (SqueezeNet's lios
+    wave schedule under the default 1.5x bound)."""
+    import numpy as np
+
+    from tvm_interop.passes.lower import make_plan
+    from tvm_interop.passes.memory_bound import in_sequential_order
+    from tvm_interop.passes.wave import wave_stages
+
+    s = schedule_graph(program.graph, "lios")
+    wide = max(range(len(s.stages)), key=lambda i: len(s.stages[i].groups))
+    assert len(s.stages[wide].groups) >= 3
+    s.options["wave_fusion"] = {"stages": [wide], "decisions": [{"stage": wide}], "cost": "chosen by the test"}
+    two = limit_concurrency(s, 2)
+    parts = [i for i, st in enumerate(two.stages)
+             if len(st.groups) >= 2 and all(g in s.stages[wide].groups for g in st.groups)]
+    assert parts and wave_stages(two) == parts and "at most 2 groups" in two.options["wave_fusion"]["restaged"]
+    assert wave_stages(limit_concurrency(s, 1)) == []
+    seq = in_sequential_order(s, schedule_graph(program.graph, "sequential", "unit"))
+    assert wave_stages(seq) == [] and "sequential order" in seq.options["wave_fusion"]["restaged"]
+    assert wave_stages(s) == [wide]   # the searched schedule itself is left alone
+
+    path = str(tmp_path / "wave.json")
+    s.save(path)
+    seq_bytes = make_plan(program, schedule_graph(program.graph, "sequential", "unit")).storage_bytes()
+    two_bytes = make_plan(program, two).storage_bytes()
+    for ratio, fused in ((two_bytes / seq_bytes * 1.001, len(parts)), (1.0, 0)):
+        cm = tvm_interop.compile(branchy_model, schedule=path, max_memory_ratio=ratio, guard=False)
+        try:
+            built = cm.schedule.options.get("waves", [])
+            assert sum(1 for r in built if r.get("fused")) == fused, (ratio, built)
+            np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4)
+        finally:
+            cm.close()

@@ -131,11 +131,14 @@ def _check_contract(models: list[str]) -> None:
         assert r["scheduled"] < 1e-5, (name, r)
 
 
-def test_library_contract_reproduces_tvm():
+@pytest.mark.parametrize("models", [pytest.param(["resnet50", "inception_v3"], id="resnet50-inception_v3"),
+                                    pytest.param(["nasnet_a_mobile"], marks=pytest.mark.zoo, id="nasnet_a_mobile")])
+def test_library_contract_reproduces_tvm(models):
     """The offloaded programs with the library functions' contract in place equal plain TVM (plain and scheduled),
-    so recognition and parameters are right: residuals and a [K, N] dense weight (resnet50), depthwise and
-    grouped convolutions, dilation (nasnet_a_mobile), 1x7 / 7x1 kernels and 1x1 outputs (inception_v3)."""
-    _check_contract(["resnet50", "nasnet_a_mobile", "inception_v3"])
+    so recognition and parameters are right: residuals and a [K, N] dense weight (resnet50), 1x7 / 7x1 kernels
+    and 1x1 outputs (inception_v3); depthwise and grouped convolutions, dilation (nasnet_a_mobile: 43 s of the
+    three models' 82, so in the zoo tier)."""
+    _check_contract(models)
 
 
 @pytest.mark.slow

@@ -67,8 +67,8 @@ def test_compile_with_events_records_them_and_links_the_extension():
         native_build.include_dirs(native_build.find_nvcc())
     except native_build.NativeBuildError as e:
         pytest.skip(f"cannot build the native extension here: {e}")
-    cm = tvm_interop.compile("googlenet", target="cuda", scheduler="greedy", sync="events",
-                             **small_config("googlenet"))
+    cm = tvm_interop.compile("squeezenet", target="cuda", scheduler="greedy", sync="events",
+                             **small_config("squeezenet"))
     assert cm.plan.meta["sync"] == "events" and cm.plan.meta["num_streams"] > 0
     assert EVENT_SYNC in cm.plan.meta["native_extension"]["functions"]
     assert cm.plan.meta["cuda_graph"], cm.plan.meta.get("cuda_graph_reason")

@@ -527,27 +527,37 @@ def test_profiling_bundle_with_fused_stages_prices_them_from_the_table(tmp_path,
 
 
 def test_cli_schedule_chooses_and_compile_applies_wave_fusion(tmp_path, capsys):
-    """``schedule --wave-fusion`` saves the choice; ``compile --schedule`` builds it; ``compile --wave-fusion``
-    reports what it fused; the exported library runs with TVM's runtime and matches plain TVM."""
+    """``schedule --wave-fusion`` saves the choice; ``compile --schedule`` builds it (with the memory bound off: at
+    the default 1.5x SqueezeNet's lios schedule falls back to the sequential order, and the choice with it, which
+    the summary says); ``compile --wave-fusion`` reports what it fused; the exported library runs with TVM's
+    runtime and matches plain TVM."""
     from tvm_interop import runtime
     from tvm_interop.cli import main
 
     sj, so = tmp_path / "s.json", tmp_path / "m.so"
-    model = ["googlenet", "--width", "0.125", "--image-size", "48"]
+    model = ["squeezenet", "--width", "0.125", "--image-size", "32"]
     assert main(["schedule", *model, "--scheduler", "lios", "--cost", "sim:cpu", "--wave-fusion", "-o", str(sj),
                  "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)["wave_fusion"]["stages"]
     assert chosen and json.loads(sj.read_text())["options"]["wave_fusion"]["stages"] == chosen
-    assert main(["compile", *model, "--schedule", str(sj), "--guard", "off", "-o", str(so), "--json"]) == 0
+    assert main(["compile", *model, "--schedule", str(sj), "--guard", "off", "--json"]) == 0
+    bounded = json.loads(capsys.readouterr().out)
+    assert bounded["memory_bound"]["sequential_fallback"] and bounded["wave_fusion"]["fused"] == 0
+    assert "fallback to the sequential order" in bounded["wave_fusion"]["restaged"]
+    assert main(["compile", *model, "--schedule", str(sj), "--guard", "off", "--max-memory-ratio", "none",
+                 "-o", str(so), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["wave_fusion"]["fused"] == len(chosen)
+    assert summary["wave_fusion"]["fused"] == len(chosen) and summary["memory_bound"] is None
     from tvm_interop.runtime.cpu_threads import kernel_threads
 
     assert summary["kernel_threads"] == kernel_threads() >= 1   # what every CPU kernel call gets
     assert main(["compile", *model, "--scheduler", "greedy", "--wave-fusion", "--guard", "off", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["wave_fusion"]["fusable"] > 0
+    with pytest.raises(SystemExit):
+        main(["compile", *model, "--max-memory-ratio", "0.5"])
+    assert "--max-memory-ratio: must be >= 1" in capsys.readouterr().err
     m = runtime.load(str(so))
-    mod = get_model("googlenet", width=0.125, image_size=48)
+    mod = get_model("squeezenet", width=0.125, image_size=32)
     x = _input(mod)
     np.testing.assert_allclose(m.run(x), tvm_interop.run_reference(mod, [x]), **TOL)
 

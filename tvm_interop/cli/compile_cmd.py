@@ -45,6 +45,9 @@ def register(sub) -> None:
     add_layout_arg(p, "auto", "CPU (default auto)")
     p.add_argument("--mode", default="stage", choices=["stage", "dependency"], help="synchronisation mode")
     p.add_argument("--max-streams", type=int, default=8, help="streams / worker threads at most (default 8)")
+    p.add_argument("--max-memory-ratio", type=_memory_ratio, default=1.5, metavar="R",
+                   help="bound the activation memory at R times the sequential program's (default 1.5; none: no "
+                        "bound): stages over it are split, down to the sequential order")
     p.add_argument("--no-candidates", dest="candidates", action="store_false", default=None,
                    help="GPU targets: do not carry the alternative programs (other mode, sequential, direct/graph) "
                         "that the runtime picks from by measurement")
@@ -56,6 +59,21 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _memory_ratio(text: str) -> float | None:
+    """``--max-memory-ratio``: a ratio >= 1, or ``none``."""
+    import argparse
+
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        ratio = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'none', got {text!r}") from None
+    if not ratio >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (the sequential program's own memory), got {text!r}")
+    return ratio
+
+
 def _wave_summary(s) -> dict | None:
     """What wave fusion did: stages priced, fused (as built), groups that could not join (see the schedule file)."""
     wf = s.options.get("wave_fusion")
@@ -64,7 +82,8 @@ def _wave_summary(s) -> dict | None:
     built = s.options.get("waves", [])
     return {"fusable": len(wf.get("decisions", [])), "chosen": len(wf.get("stages", [])),
             "fused": sum(1 for r in built if r.get("fused")), "cost": wf.get("cost"),
-            "left_unfused": sum(len(r.get("left", [])) for r in built if r.get("fused"))}
+            "left_unfused": sum(len(r.get("left", [])) for r in built if r.get("fused")),
+            "restaged": wf.get("restaged")}
 
 
 def run(args) -> int:
@@ -79,7 +98,7 @@ def run(args) -> int:
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
                                  fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32,
-                                 sync=args.sync, layout=args.layout)
+                                 sync=args.sync, layout=args.layout, max_memory_ratio=args.max_memory_ratio)
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
@@ -103,6 +122,7 @@ def run(args) -> int:
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
         "fleet": fleet_report,
         "wave_fusion": _wave_summary(s),
+        "memory_bound": None if cm.memory is None else cm.memory.to_json(),
         "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
         "library_units": None if cm.offload is None else cm.offload.to_json(),
         "layout": cm.layout,
@@ -142,10 +162,18 @@ def run(args) -> int:
                 reasons[short] = reasons.get(short, 0) + 1
             for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]:
                 print(f"  left to TVM ({n}): {why}")
+        bound = summary["memory_bound"]
+        if bound and (bound["tightened"] or bound["sequential_fallback"]):
+            what = ("the sequential order ships" if bound["sequential_fallback"]
+                    else f"stages split to at most {bound['max_groups']} groups")
+            print(f"memory bound {bound['limit']:.2f}x: the searched schedule needed more; {what} "
+                  f"({bound['ratio']:.2f}x the sequential activation memory; --max-memory-ratio changes the bound)")
         if summary["wave_fusion"] is not None:
             wf = summary["wave_fusion"]
             print(f"wave fusion: {wf['fused']} of {wf['fusable']} concurrent stage(s) fused into one kernel each "
                   f"(priced by {wf['cost']}); {wf['left_unfused']} group(s) left beside their fused kernel")
+            if wf["restaged"]:
+                print(f"  the choice was restaged: {wf['restaged']}")
         runs_on = cm.runner.executor   # the executor a run of this library uses: its memory is the one that counts
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB{'  <- runs this library' if runs_on == 'threads' else ''}")
