@@ -526,6 +526,20 @@ def test_profiling_bundle_with_fused_stages_prices_them_from_the_table(tmp_path,
     assert all(d["fused_s"] > 0 for d in priced)
 
 
+def test_a_stage_the_schedule_does_not_have_is_refused_by_name(branchy_model):
+    """A wave choice naming a stage the schedule lacks (a file edited by hand) is refused, naming it, instead of
+    an IndexError inside the pass; a stage that exists but cannot be fused is recorded as left unfused."""
+    from tvm_interop.runtime.errors import ScheduleError
+
+    program = prepare_program(branchy_model, HOST, name="branchy")
+    sched = schedule_graph(program.graph, "lios", "sim:cpu")
+    single = next(i for i, st in enumerate(sched.stages) if len(st.groups) == 1)
+    with pytest.raises(ScheduleError, match=rf"stage\(s\) \[{len(sched.stages)}, -1\] that this schedule does not"):
+        apply_wave_fusion(program, sched, HOST, stages=[single, len(sched.stages), -1])
+    _, _, records = apply_wave_fusion(program, sched, HOST, stages=[single])
+    assert records[0].reasons == ["not a concurrent stage of two or more groups"] and not records[0].fused
+
+
 def test_cli_schedule_chooses_and_compile_applies_wave_fusion(tmp_path, capsys):
     """``schedule --wave-fusion`` saves the choice; ``compile --schedule`` builds it (with the memory bound off: at
     the default 1.5x SqueezeNet's lios schedule falls back to the sequential order, and the choice with it, which

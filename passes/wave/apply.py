@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import tvm
 from tvm import relax
 
-from tvm_interop.runtime.errors import InteropError
+from tvm_interop.runtime.errors import InteropError, ScheduleError
 
 from ..schedule import CONCURRENT, Schedule, Stage
 from .kernel import WaveKernel, build_wave_kernel
@@ -259,6 +259,11 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
     if repack_weights:
         program = fusion_program(program, target)
     chosen = fusable_stages(schedule) if stages is None else list(stages)
+    absent = [si for si in chosen if not isinstance(si, int) or isinstance(si, bool)
+              or not 0 <= si < len(schedule.stages)]
+    if absent:   # a schedule file edited by hand, or one whose stages changed after the choice
+        raise ScheduleError(f"wave fusion names stage(s) {absent} that this schedule does not have "
+                            f"({len(schedule.stages)} stages); re-run the scheduler with wave fusion")
     kernels, records = [], []
     for si in chosen:
         st = schedule.stages[si]
