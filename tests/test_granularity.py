@@ -279,13 +279,13 @@ def test_schedule_command_reports_blocks(capsys):
 
     from tvm_interop.cli import main
 
-    assert main(["schedule", "synthetic:nasnet_a_large", "--scheduler", "ios", "--cost", "sim:h100", "--json",
+    assert main(["schedule", "synthetic:inception_v3", "--scheduler", "ios", "--cost", "sim:h100", "--json",
                  "--quiet"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["unit_granularity"] == "chain" and d["schedule_units"] < d["units"]
     assert len(d["blocks"]) >= 10 and sum(b["kernels"] for b in d["blocks"]) == d["units"]
     assert all(set(b) >= {"units", "kernels", "states", "frontier"} for b in d["blocks"])
-    assert main(["schedule", "synthetic:nasnet_a_large", "--scheduler", "ios", "--granularity", "kernel",
+    assert main(["schedule", "synthetic:inception_v3", "--scheduler", "ios", "--granularity", "kernel",
                  "--max-frontier", "3", "--max-block-states", "512", "--json", "--quiet"]) == 0
     k = json.loads(capsys.readouterr().out)
     assert k["unit_granularity"] == "kernel" and k["schedule_units"] == k["units"]
