@@ -33,7 +33,18 @@ SCRIPT = os.path.join(REPO, "scripts", "gpu_check.py")
 SHELL = os.path.join(REPO, "scripts", "gpu_check.sh")
 
 from runtime_only import assert_runtime_only as _assert_runtime_only  # noqa: E402
-from runtime_only import runtime_only_env as _runtime_only_env  # noqa: E402
+from runtime_only import runtime_only_env  # noqa: E402
+
+
+def _runtime_only_env(tmp_path) -> tuple[dict, str]:
+    """The GPU machine's environment (``runtime_only``), with one kernel thread. In the parallel test pass a
+    CPU dry run's ``run`` step sometimes took 160 s instead of a few (in four suite runs of 2026-11-27/28, in
+    two different tests, one of them with fused variants at 5-6 ms a run instead of 0.06 ms); alone, beside a busy
+    core or beside another TVM process it never did, and with one kernel thread no kernel waits for a second
+    thread. These tests check the runtime-only environment and the reports, not the CPU's speed."""
+    env, log = runtime_only_env(tmp_path)
+    env["TVM_NUM_THREADS"] = "1"
+    return env, log
 
 
 def _load_gpu_check():
@@ -77,10 +88,6 @@ def test_run_and_diagnose_need_only_tvm_runtime(dry_build, tmp_path):
     diagnose step's serialized child process included); the run's report records the environment and the commit
     the carried build was made from."""
     env, log = _runtime_only_env(tmp_path)
-    # One kernel thread: in the parallel test pass, beside the other worker, the fused (greedy+wave) variants of
-    # this CPU dry run took 5-6 ms a run instead of 0.06 (their waves meet at barriers), and this test 160 s
-    # instead of 4; what it checks is the runtime-only environment, not the CPU's speed.
-    env["TVM_NUM_THREADS"] = "1"
     out = str(tmp_path / "out")
     r = _gc("run", "--dir", dry_build, "--out", out, "--repeat", "100", "--warmup", "1", "--pick-rounds", "2",
             env=env)

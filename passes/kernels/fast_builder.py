@@ -21,7 +21,7 @@ build. Its ``LocalRunner`` keeps one worker process alive, but needs ``cloudpick
 :func:`tensor_intrinsics_for`
     ``TuneContext`` imports ``tvm.s_tir.tensor_intrin`` unconditionally. Within this context only the tensor
     intrinsics of the target's family are imported (x86: 1 s instead of 1-3 min), with TVMScript's frame
-    inspection made cheap (``passes.kernels.tvmscript_frames``: CUDA's 42.9 -> 4.4 s); the full package can still
+    inspection made cheap (``passes.kernels.tvmscript_frames``: CUDA's 13.8 -> 3.3 s); the full package can still
     be imported normally afterwards.
 
 :class:`TimedBuilder` / :class:`TimedRunner`
@@ -165,7 +165,7 @@ def tensor_intrinsics_for(target):
         t0 = time.perf_counter()
         for sub in _intrin_modules(target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)):
             try:
-                with cheap_stack_inspection():   # CUDA's: 42.9 -> 4.4 s (see passes.kernels.tvmscript_frames)
+                with cheap_stack_inspection():   # CUDA's: 13.8 -> 3.3 s (see passes.kernels.tvmscript_frames)
                     importlib.import_module(f"{_TENSOR_INTRIN_PKG}.{sub}")
             except Exception as err:  # noqa: BLE001 - intrinsics are an optimisation, not a requirement
                 log.warning("tensor intrinsics %s could not be registered: %s", sub, err)
