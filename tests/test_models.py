@@ -79,6 +79,10 @@ def _check_logits(out: np.ndarray, shape) -> None:
 def test_registry():
     assert set(list_models()) == EXPECTED
     assert list_models() == sorted(list_models())
+    from zoo_cases import ZOO_TIER, zoo_params   # the test tier names real models, and leaves some in the default
+
+    assert set(ZOO_TIER) < set(list_models())
+    assert [p.values[0] for p in zoo_params() if not p.marks] == [m for m in list_models() if m not in ZOO_TIER]
     for name, spec in MODELS.items():
         assert isinstance(spec, ModelSpec) and spec.name == name
         assert callable(spec.build)

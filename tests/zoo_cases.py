@@ -15,7 +15,7 @@ import pytest
 INPUT_SEED = 7
 
 # The zoo models whose every-model checks cost the most: on the 2-core dev machine their cases took 69% of the
-# summed time of the zoo-wide tests (fresh-clone run of 2026-11-27, --durations=0). Their cases are marked `zoo`:
+# summed time of the zoo-wide tests (the --durations=0 run of 2026-11-27). Their cases are marked `zoo`:
 # `scripts/test.sh` (the development loop) leaves them out, `scripts/test.sh --zoo` adds them, and CI runs that,
 # so every model of the zoo is still checked against plain TVM before anything lands.
 ZOO_TIER = ("googlenet", "nasnet_a_large", "nasnet_a_mobile")
