@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install into .venv (tests + ONNX + viz + rpc + cuda extras) and run the test suite.
-#   scripts/test.sh            the development suite (skips tests marked zoo or slow)
-#   scripts/test.sh --zoo      adds the zoo-wide checks on the costliest zoo models (marker zoo): what CI runs
+#   scripts/test.sh            the development suite (skips tests marked zoo, ci or slow)
+#   scripts/test.sh --zoo      adds the zoo-wide checks on the costliest zoo models (marker zoo) and the further
+#                              cases of checks the development suite makes on cheaper ones (marker ci): what CI runs
 #   scripts/test.sh --slow     everything, including full-size model tests
 #   scripts/test.sh -k ios     extra arguments go to pytest
 # Set TVM_INTEROP_EXTRAS=test,onnx,torch to also test the torch frontend (torch==2.13.0, a CPU build).
@@ -14,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh "${TVM_INTEROP_EXTRAS:-test,onnx,viz,rpc,cuda}"
-# tiers: the default leaves out `zoo` and `slow`; --zoo adds `zoo`; --slow adds both
-SKIP="not slow and not zoo"
+# tiers: the default leaves out `zoo`, `ci` and `slow`; --zoo adds `zoo` and `ci`; --slow adds all three
+SKIP="not slow and not zoo and not ci"
 ARGS=()
 for a in "$@"; do
   case "$a" in

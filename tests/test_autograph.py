@@ -76,11 +76,14 @@ def test_random_models_autograph_never_predicts_worse_than_ios(make, seed):
     assert result.stats["unrewritten_latency"] == pytest.approx(ios.predicted_latency, rel=1e-6)
 
 
-def test_random_cell_models_gain_and_stay_exact():
+@pytest.mark.parametrize("seeds", [pytest.param(range(3), id="seeds0-2"),
+                                   pytest.param(range(3, 6), id="seeds3-5", marks=pytest.mark.ci)])
+def test_random_cell_models_gain_and_stay_exact(seeds):
     """Random Inception-like cells are full of substitution sites: autograph rewrites most of them into a graph
-    its scheduler predicts strictly faster, and every shipped rewrite computes what the model computes."""
+    its scheduler predicts strictly faster, and every shipped rewrite computes what the model computes (6 seeds:
+    the development suite runs the first three, CI all)."""
     gained = rewritten = 0
-    for seed in range(6):
+    for seed in seeds:
         mod, desc = random_cell_model(seed)
         result = _search(mod)
         assert result.schedule.predicted_latency <= result.stats["unrewritten_latency"] * (1 + 1e-9), desc
@@ -90,7 +93,7 @@ def test_random_cell_models_gain_and_stay_exact():
             x = random_input(mod, seed)
             np.testing.assert_allclose(_flat(tvm_interop.run_reference(result.module, [x])),
                                        _flat(tvm_interop.run_reference(mod, [x])), **TOL, err_msg=desc)
-    assert rewritten >= 4 and gained >= 3, (rewritten, gained)
+    assert rewritten >= 2 and gained >= 2, (rewritten, gained)   # measured: every one of the six rewrites and gains
 
 
 def _flat(out) -> np.ndarray:

@@ -109,7 +109,7 @@ def test_errors_are_clear(tmp_path, capsys):
 
 def test_schedule_with_timed_costs(tmp_path, capsys):
     out = tmp_path / "s.json"
-    args = ["schedule", "googlenet", "--width", "0.125", "--image-size", "48", "--scheduler", "ios",
+    args = ["schedule", "squeezenet", "--width", "0.125", "--image-size", "32", "--scheduler", "ios",
             "--cost-cache", str(tmp_path / "cc.json"), "-o", str(out), "--json", "--quiet"]
     assert main(args + ["--cost", "learned:rounds=2,seed_stages=8"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -59,9 +59,7 @@ def test_blocked_convs_per_model():
 def test_default_layout_on_cpu_is_blocked_and_matches():
     """``layout="auto"`` (the default) blocks by the CPU's vector width; ``nchw`` keeps TVM's layout; both compute
     the same numbers as TVM."""
-    mod = get_model("resnet50", **small_config("resnet50"))
-    x = _input(mod)
-    ref = tvm_interop.run_reference(mod, [x])
+    mod, x, ref = zoo_case("resnet50")   # plain TVM's output, built once per session for every file that asks
     auto = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False)
     plain = tvm_interop.compile(mod, target="llvm", scheduler="sequential", guard=False, layout="nchw")
     assert auto.layout["layout"] == "nchwc" and auto.layout["block"] == channel_block(HOST)
@@ -192,15 +190,18 @@ def test_cli_compile_reports_layout(capsys):
     assert summary["layout"]["blocked_convs"] >= 1
 
 
-def test_fuzz_models_blocked_equal_plain_tvm():
-    """Random multi-branch CNNs and Inception/NASNet-like cells (6 seeds each), blocked by 2 or 4 channels (their widths are
-    2-16, so some convolutions block): each equals plain TVM, or, where TVM's ConvertLayout itself fails (a
-    channel split it mis-infers), an explicit layout is refused by name and ``auto`` falls back to NCHW."""
+@pytest.mark.parametrize("seeds,min_blocked", [pytest.param(range(3), 2, id="seeds0-2"),
+                                               pytest.param(range(3, 6), 1, id="seeds3-5", marks=pytest.mark.ci)])
+def test_fuzz_models_blocked_equal_plain_tvm(seeds, min_blocked):
+    """Random multi-branch CNNs and Inception/NASNet-like cells (6 seeds each; the development suite runs the first
+    three, CI all), blocked by 2 or 4 channels (their widths are 2-16, so some convolutions block): each equals plain
+    TVM, or, where TVM's ConvertLayout itself fails (a channel split it mis-infers), an explicit layout is refused by
+    name and ``auto`` falls back to NCHW."""
     from tvm_interop.fuzz import random_cell_model, random_input, random_model
     from tvm_interop.runtime.errors import UnsupportedModelError
 
     blocked, refused = 0, []
-    for seed in range(6):
+    for seed in seeds:
         for make in (random_model, random_cell_model):
             mod, desc = make(seed)
             x = random_input(mod, seed)
@@ -219,7 +220,8 @@ def test_fuzz_models_blocked_equal_plain_tvm():
             out, want = cm.run(x), ref
             for o, r in zip(out if isinstance(out, list) else [out], want if isinstance(want, list) else [want]):
                 np.testing.assert_allclose(o, r, **TOL, err_msg=f"{layout} {desc}")
-    assert blocked >= 2, (blocked, refused)   # 7 of the first 20 block a convolution (measured)
+    # the cell models of seeds 0, 1, 2 and 4 block a convolution, the random models of seeds 0-5 none (measured)
+    assert blocked >= min_blocked, (blocked, refused)
 
 
 @pytest.mark.parametrize("shape", [(3, 23, 23, 32, 3, 2, 0), (3, 20, 20, 16, 7, 2, 3), (3, 39, 39, 16, 3, 2, 0)])

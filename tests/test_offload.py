@@ -131,13 +131,14 @@ def _check_contract(models: list[str]) -> None:
         assert r["scheduled"] < 1e-5, (name, r)
 
 
-@pytest.mark.parametrize("models", [pytest.param(["resnet50", "inception_v3"], id="resnet50-inception_v3"),
+@pytest.mark.parametrize("models", [pytest.param(["resnet50"], id="resnet50"),
+                                    pytest.param(["inception_v3"], marks=pytest.mark.ci, id="inception_v3"),
                                     pytest.param(["nasnet_a_mobile"], marks=pytest.mark.zoo, id="nasnet_a_mobile")])
 def test_library_contract_reproduces_tvm(models):
     """The offloaded programs with the library functions' contract in place equal plain TVM (plain and scheduled),
-    so recognition and parameters are right: residuals and a [K, N] dense weight (resnet50), 1x7 / 7x1 kernels
-    and 1x1 outputs (inception_v3); depthwise and grouped convolutions, dilation (nasnet_a_mobile: 43 s of the
-    three models' 82, so in the zoo tier)."""
+    so recognition and parameters are right: residuals and a [K, N] dense weight (resnet50, 11 s alone); 1x7 / 7x1
+    kernels and 1x1 outputs (inception_v3, 20 s: CI's tier); depthwise and grouped convolutions, dilation
+    (nasnet_a_mobile: 43 s of the three models' 82, so in the zoo tier)."""
     _check_contract(models)
 
 
