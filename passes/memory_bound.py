@@ -87,9 +87,10 @@ def _restage_wave_choice(out: Schedule, origin: list, why: str) -> None:
     wf = out.options.get("wave_fusion")
     if not wf:
         return
+    from .wave.apply import fusable_stages   # the wave pass's own test of a stage it can fuse
+
     chosen = set(wf.get("stages", []))
-    stages = [i for i, src in enumerate(origin) if src in chosen
-              and out.stages[i].strategy == CONCURRENT and len(out.stages[i].groups) >= 2]
+    stages = [i for i in fusable_stages(out) if origin[i] in chosen]
     out.options = dict(out.options, wave_fusion=dict(wf, stages=stages, restaged=(
         f"{why}: stages {sorted(chosen)} of the searched schedule -> {stages}")))
 

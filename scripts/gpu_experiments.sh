@@ -19,21 +19,34 @@
 # What each part answers:
 #   widths   Inception-v3 and NASNet-A-large with ios limited to 2 and 4 groups per stage (ios_s2, ios_s4), with
 #            kernel timelines of their CUDA-graph programs: is NASNet-A-large's ios + CUDA graph slow (14.34 ms
-#            against greedy's 9.91 ms on the H200 geomean run) because its stages are wide?
+#            against greedy's 9.91 ms on the H200 geomean run) because its stages are wide? (2026-11-28, H200: its
+#            kernels ran 29.4 ms per call against ~13 ms in sequence.) The timelines of sequential, greedy and lios
+#            with CUDA graph come too, each kernel's time kept, so the report names the kernels that grew against
+#            the sequential graph: the contention the program model lacks.
 #   preset   SqueezeNet, RandWire and NASNet-A-large with ios searched under sim:h200-tvm, the preset fitted to
 #            TVM's default CUDA kernels (ios_tvm), against ios under sim:h100: if it is faster on the device, the
 #            CUDA default cost could switch.
 #   geomean  the four models of issue 12's geomean target (Inception-v3, RandWire, NASNet-A-large, SqueezeNet)
 #            with sequential, greedy, lios and ios in both modes, with and without CUDA graph: one build, so the
 #            run also re-measures the target (H200 geomean run: 1.57x; target 1.6x).
-#   active   round 1 of an active device search on NASNet-A-large whose bundle has the dependency-mode twins of
-#            the picks' programs (never run on a GPU); `finish` imports it and builds round 2.
+#   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
+#            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
+#            builds round K+1; rounds 1-3 were measured on an H200 on 2026-11-28, so round 4 is next).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
 shift || true
 BUILD="${GPU_EXPERIMENTS_BUILD:-.gpu_check_exp}"
 ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-.active_nasnet_large_twins}"
+# the round a run measures: the highest-numbered round-K of the search (the one `finish` has not imported yet)
+latest_round() {
+  local d best="" n max=-1
+  for d in "$ACTIVE"/round-*; do
+    n="${d##*/round-}"
+    if [ -d "$d" ] && [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt "$max" ]; then max="$n"; best="$d"; fi
+  done
+  echo "$best"
+}
 MODELS=inception_v3,squeezenet,randwire,nasnet_a_large
 read -r -a SIZE <<< "${GPU_EXPERIMENTS_SIZE:-}"
 PY=.venv/bin/python
@@ -75,14 +88,18 @@ case "$step" in
     echo "carry: $("$0" carry)"
     ;;
   carry)
-    echo "[\"$BUILD\", \"$ACTIVE\"]"
+    echo "[\"$BUILD\", \"$(latest_round)\"]"
     ;;
   run)
     O="${OUT:-gpu_experiments_out}"
     status=0
-    GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ACTIVE/round-1" || status=1
+    ROUND="$(latest_round)"
+    [ -n "$ROUND" ] || { echo "gpu_experiments: no round-K in $ACTIVE (carry it)" >&2; exit 1; }
+    echo "gpu_experiments: measuring $ROUND"
+    GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ROUND" || status=1
     GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
       --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
+      --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
       "$@" || status=1
     exit "$status"
     ;;

@@ -849,6 +849,31 @@ def test_timelines_separate_overlap_from_longer_kernels():
     assert "| lios (dependency) | 0.020 | 3 | 17 | 13 | 1.31 | 7 |" in md
 
 
+def test_timelines_name_the_kernels_that_grew_against_the_sequential_graph():
+    """With kernel names, a timeline keeps every kernel's device time per call, and the report lists, per profiled
+    program, the kernels that grew most against the same kernels in ``sequential + CUDA graph`` (a kernel called a
+    different number of times, e.g. merged away, is not compared). Illustrative intervals."""
+    from gpucheck import report as gcreport
+    from gpucheck.kernel_profile import kernel_growth, render_timelines, timeline_summary
+
+    # one call each: the sequential graph runs dw (10 us) then pw (5 us) then pool (4 us) one after another
+    seq = timeline_summary([(0, 10, "dw"), (10, 15, "pw"), (15, 19, "pool")], runs=1)
+    # side by side, dw takes 25 us and pw 6; pool is called twice (another program): not compared
+    wide = timeline_summary([(0, 25, "dw"), (0, 6, "pw"), (25, 27, "pool"), (27, 29, "pool")], runs=1)
+    assert seq["by_kernel"]["dw"] == {"us": 10.0, "calls": 1.0} and list(seq["by_kernel"]) == ["dw", "pw", "pool"]
+    assert wide["by_kernel"]["pool"] == {"us": 4.0, "calls": 2.0}
+    grown = kernel_growth(wide, seq)
+    assert [g["name"] for g in grown] == ["dw", "pw"] and grown[0]["ratio"] == pytest.approx(2.5)
+    assert kernel_growth(wide, timeline_summary([(0, 1)], runs=1)) == []   # no names: nothing to compare
+    lines = render_timelines({"sequential + CUDA graph": seq, "ios + CUDA graph": wide})
+    assert ("**ios + CUDA graph** against `sequential + CUDA graph`: the 3 kernels both ran take 35 us per call "
+            "against 19 us (1.84x); those that grew most:") in lines
+    assert "| `dw` | 1 | 25.0 | 10.0 | 2.50x |" in lines
+    md = gcreport.render_markdown({"models": [{"name": "m", "units": 3, "image_size": 32, "variants": [],
+                                               "timelines": {"sequential + CUDA graph": seq, "ios + CUDA graph": wide}}]})
+    assert "| `pw` | 1 | 6.0 | 5.0 | 1.20x |" in md
+
+
 def test_profiles_call_the_program_once_unprofiled_then_runs_times_and_record_failures():
     """``profile_kernels`` and ``profile_timeline`` (one profiling helper): one unprofiled call and a sync, then
     ``runs`` profiled calls and a sync; a program that fails, or a profiler that cannot profile CUDA (a CPU build

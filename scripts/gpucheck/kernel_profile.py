@@ -14,6 +14,7 @@ import re
 from typing import Callable
 
 TOP = 12        # kernels listed per profile, the most time first
+GROWTH_REFERENCE = "sequential + CUDA graph"   # the timeline other programs' kernel times are compared with
 RUNS = 5        # profiled calls (after one unprofiled call)
 
 _CLASSES = (    # first match wins; a name is lower-cased before matching
@@ -90,16 +91,26 @@ def profile_kernels(fn: Callable[[], object], sync: Callable[[], None], runs: in
     return _profiled(fn, sync, runs, lambda prof: summarise(prof.key_averages(), runs))
 
 
-def timeline_summary(intervals: list[tuple[float, float]], runs: int) -> dict:
-    """Per call, from the (start, end) microseconds of every kernel and copy of ``runs`` calls: their summed device
-    time, the time at least one of them ran (the union of the intervals), and the mean concurrency (sum / union).
+def timeline_summary(intervals: list[tuple], runs: int) -> dict:
+    """Per call, from the (start, end[, kernel name]) microseconds of every kernel and copy of ``runs`` calls: their
+    summed device time, the time at least one of them ran (the union of the intervals), and the mean concurrency
+    (sum / union); with names, also the device time and calls per call of every kernel (``by_kernel``).
 
     Why: a multi-stream program can be slower as a CUDA graph than launched directly (NASNet-A-large on an H200,
     2026-11-27: lios (dependency) 8.08 ms direct, 9.92 ms as a graph). Either its kernels overlap less (the sum
-    stays, the union grows) or they run longer side by side (the sum grows); the two numbers tell which."""
+    stays, the union grows) or they run longer side by side (the sum grows); the two numbers tell which. On the
+    H200 the sum grew (ios + CUDA graph: 29.4 ms of kernel time per call against the sequential program's ~13);
+    which kernels grew, against the same kernels in ``sequential + CUDA graph``, is what ``by_kernel`` answers
+    (:func:`kernel_growth`)."""
     total = busy = 0.0
     cur_start = cur_end = None
-    for start, end in sorted(intervals):
+    by_kernel: dict[str, list[float]] = {}
+    for iv in intervals:
+        if len(iv) > 2:
+            row = by_kernel.setdefault(str(iv[2]), [0.0, 0.0])
+            row[0] += (iv[1] - iv[0]) / runs
+            row[1] += 1.0 / runs
+    for start, end in sorted((iv[0], iv[1]) for iv in intervals):
         total += end - start
         if cur_end is None or start > cur_end:
             if cur_end is not None:
@@ -109,12 +120,31 @@ def timeline_summary(intervals: list[tuple[float, float]], runs: int) -> dict:
             cur_end = end
     if cur_end is not None:
         busy += cur_end - cur_start
-    return {"runs": runs, "ops_per_run": len(intervals) / runs, "device_us": total / runs, "busy_us": busy / runs,
-            "concurrency": total / busy if busy > 0 else 0.0}
+    out = {"runs": runs, "ops_per_run": len(intervals) / runs, "device_us": total / runs, "busy_us": busy / runs,
+           "concurrency": total / busy if busy > 0 else 0.0}
+    if by_kernel:
+        ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])
+        out["by_kernel"] = {k: {"us": v[0], "calls": v[1]} for k, v in ranked}
+    return out
+
+
+def kernel_growth(timeline: dict, reference: dict, top: int = TOP) -> list[dict]:
+    """The kernels whose device time per call grew most from ``reference``'s timeline (the same kernels in another
+    program, e.g. ``sequential + CUDA graph``) to ``timeline``'s, among the kernels both ran as often: each with
+    both times and the ratio. Empty when either timeline has no per-kernel times."""
+    a, ref = timeline.get("by_kernel") or {}, reference.get("by_kernel") or {}
+    rows = []
+    for name, k in a.items():
+        r = ref.get(name)
+        if r and r["us"] > 0 and abs(r["calls"] - k["calls"]) < 1e-6:
+            rows.append({"name": name, "us": k["us"], "reference_us": r["us"], "calls": k["calls"],
+                         "ratio": k["us"] / r["us"]})
+    rows.sort(key=lambda r: -(r["us"] - r["reference_us"]))
+    return rows[:top]
 
 
 def _timeline_of(prof, runs: int) -> dict:
-    spans = [(float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+    spans = [(float(e.time_range.start), float(e.time_range.end), str(getattr(e, "name", "?"))) for e in prof.events()
              if _is_device_event(e) and e.time_range.end > e.time_range.start]
     if not spans:
         return {"error": "the profiler recorded no kernel"}
@@ -147,6 +177,22 @@ def render_timelines(timelines: dict) -> list[str]:
         lines.append(f"| {name} | {median} | {t['ops_per_run']:.0f} | {t['device_us']:.0f} | {t['busy_us']:.0f} | "
                      f"{t['concurrency']:.2f} | {idle} |")
     lines.append("")
+    ref_name = GROWTH_REFERENCE if "by_kernel" in timelines.get(GROWTH_REFERENCE, {}) else None
+    for name, t in timelines.items():
+        if ref_name is None or name == ref_name or "by_kernel" not in t:
+            continue
+        grown = kernel_growth(t, timelines[ref_name])
+        if not grown:
+            continue
+        same = [k for k in t["by_kernel"] if k in timelines[ref_name]["by_kernel"]]
+        was = sum(timelines[ref_name]["by_kernel"][k]["us"] for k in same)
+        now = sum(t["by_kernel"][k]["us"] for k in same)
+        lines += [f"**{name}** against `{ref_name}`: the {len(same)} kernels both ran take {now:.0f} us per call "
+                  f"against {was:.0f} us ({now / was if was else 0:.2f}x); those that grew most:", "",
+                  "| kernel | calls | us | reference us | ratio |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| `{g['name'][:90]}` | {g['calls']:.0f} | {g['us']:.1f} | {g['reference_us']:.1f} | "
+                  f"{g['ratio']:.2f}x |" for g in grown]
+        lines.append("")
     return lines
 
 
