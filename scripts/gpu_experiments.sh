@@ -31,7 +31,8 @@
 #            run also re-measures the target (H200 geomean run: 1.57x; target 1.6x).
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
-#            builds round K+1; rounds 1-3 were measured on an H200 on 2026-11-28, so round 4 is next).
+#            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there: point
+#            GPU_EXPERIMENTS_ACTIVE at a new search before the next run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
