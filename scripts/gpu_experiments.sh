@@ -22,7 +22,10 @@
 #            against greedy's 9.91 ms on the H200 geomean run) because its stages are wide? (2026-11-28, H200: its
 #            kernels ran 29.4 ms per call against ~13 ms in sequence.) The timelines of sequential, greedy and lios
 #            with CUDA graph come too, each kernel's time kept, so the report names the kernels that grew against
-#            the sequential graph: the contention the program model lacks.
+#            the sequential graph: the contention the program model lacks. Since the second 2026-11-28 run also the
+#            direct-launch twins "ios" and "greedy" (do host-paced launches contend less than a graph's?), and every
+#            timeline keeps its last call's kernel spans (which neighbour slowed which kernel); `finish` checks the
+#            program model kernel by kernel on them (scripts/gpu_kernel_check.py).
 #   preset   SqueezeNet, RandWire and NASNet-A-large with ios searched under sim:h200-tvm, the preset fitted to
 #            TVM's default CUDA kernels (ios_tvm), against ios under sim:h100: if it is faster on the device, the
 #            CUDA default cost could switch.
@@ -31,8 +34,8 @@
 #            run also re-measures the target (H200 geomean run: 1.57x; target 1.6x).
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
-#            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there: point
-#            GPU_EXPERIMENTS_ACTIVE at a new search before the next run).
+#            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
+#            `carry` and `run` leave it out until GPU_EXPERIMENTS_ACTIVE names a search with a round pending).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-}"
@@ -47,6 +50,15 @@ latest_round() {
     if [ -d "$d" ] && [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt "$max" ]; then max="$n"; best="$d"; fi
   done
   echo "$best"
+}
+# the round to measure, or nothing when the search has ended (active.json's "pending" is null after the import that
+# made no new round: the NASNet-A-large search of 2026-11-28 after round 4)
+pending_round() {
+  local a="$ACTIVE/active.json"
+  if [ -f "$a" ] && "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("pending") is None else 1)' "$a"; then
+    return 0
+  fi
+  latest_round
 }
 MODELS=inception_v3,squeezenet,randwire,nasnet_a_large
 read -r -a SIZE <<< "${GPU_EXPERIMENTS_SIZE:-}"
@@ -89,18 +101,25 @@ case "$step" in
     echo "carry: $("$0" carry)"
     ;;
   carry)
-    echo "[\"$BUILD\", \"$(latest_round)\"]"
+    ROUND="$(pending_round)"
+    if [ -n "$ROUND" ]; then echo "[\"$BUILD\", \"$ROUND\"]"; else echo "[\"$BUILD\"]"; fi
     ;;
   run)
     O="${OUT:-gpu_experiments_out}"
     status=0
-    ROUND="$(latest_round)"
-    [ -n "$ROUND" ] || { echo "gpu_experiments: no round-K in $ACTIVE (carry it)" >&2; exit 1; }
-    echo "gpu_experiments: measuring $ROUND"
-    GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ROUND" || status=1
+    ROUND="$(pending_round)"
+    if [ -n "$ROUND" ]; then
+      echo "gpu_experiments: measuring $ROUND"
+      GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ROUND" || status=1
+    else
+      echo "gpu_experiments: the active search in $ACTIVE has no round to measure (ended, or not carried)"
+    fi
+    # the direct-launch twins of greedy and ios beside their graphs: are kernels launched by the host (paced at its
+    # launch rate) slowed less by their neighbours than the same kernels released together by a graph?
     GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
       --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
       --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
+      --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" \
       "$@" || status=1
     exit "$status"
     ;;
@@ -110,8 +129,13 @@ case "$step" in
     NAME="${2:-gpu_check_experiments_$(date +%F)}"
     bash scripts/gpu_check.sh report "$F/run/gpu_check.json" --name "$NAME"
     "$PY" scripts/gpu_cost_transfer.py "$F/run/gpu_check.json" --sim sim:h200-tvm --out "docs/${NAME}_sim_transfer.json"
-    "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
-      -o "$ACTIVE/shipped.json"
+    if [ -f "$F/active/costs.json" ]; then
+      "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
+        -o "$ACTIVE/shipped.json"
+    fi
+    "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches \
+      $(for f in "$BUILD"/schedules/*.json; do b="${f##*/}"; b="${b%.json}"; echo "--schedule ${b%%.*}:${b#*.}=$f"; done) \
+      --out "docs/${NAME}_kernels" || true
     ;;
   *)
     echo "usage: scripts/gpu_experiments.sh build | carry | run | finish FILES_AT [NAME]" >&2

@@ -874,6 +874,25 @@ def test_timelines_name_the_kernels_that_grew_against_the_sequential_graph():
     assert "| `pw` | 1 | 6.0 | 5.0 | 1.20x |" in md
 
 
+def test_timelines_keep_the_last_calls_kernels_and_who_ran_beside_each():
+    """A named timeline keeps the last profiled call's kernels (start from the call's first kernel, duration, name)
+    and ``co_runners`` says, per instance of a kernel, which kernels ran beside it and for how long: what a sharing
+    model is fitted on. Two calls of one program, the second one later on the device: only it is kept."""
+    from gpucheck.kernel_profile import co_runners, timeline_summary
+
+    call = [(0, 30, "deep"), (2, 8, "pw"), (9, 14, "pw"), (31, 35, "pool")]
+    second = [(a + 100, b + 100, n) for a, b, n in call]
+    t = timeline_summary(second + call, runs=2)            # the profiler's order need not be the start order
+    assert t["spans"]["names"] == ["deep", "pw", "pool"]
+    assert t["spans"]["items"] == [[0, 30, 0], [2, 6, 1], [9, 5, 1], [31, 4, 2]]
+    (deep,) = co_runners(t, "deep")
+    assert deep == {"start_us": 0, "us": 30, "beside": {"pw": 11}}
+    assert [c["beside"] for c in co_runners(t, "pw")] == [{"deep": 6}, {"deep": 5}]
+    assert co_runners(t, "pool")[0]["beside"] == {}
+    assert co_runners(t, "absent") == [] and co_runners(timeline_summary([(0, 1)], runs=1), "deep") == []
+    json.dumps(t)   # it goes into the run's JSON
+
+
 def test_profiles_call_the_program_once_unprofiled_then_runs_times_and_record_failures():
     """``profile_kernels`` and ``profile_timeline`` (one profiling helper): one unprofiled call and a sync, then
     ``runs`` profiled calls and a sync; a program that fails, or a profiler that cannot profile CUDA (a CPU build

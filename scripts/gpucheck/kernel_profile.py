@@ -125,6 +125,46 @@ def timeline_summary(intervals: list[tuple], runs: int) -> dict:
     if by_kernel:
         ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])
         out["by_kernel"] = {k: {"us": v[0], "calls": v[1]} for k, v in ranked}
+        out["spans"] = last_call_spans(intervals, runs)
+    return out
+
+
+def last_call_spans(intervals: list[tuple], runs: int) -> dict:
+    """The kernels of the last profiled call, each ``[start, duration, name index]`` in microseconds from the call's
+    first kernel, names listed once (``{"names": [...], "items": [...]}``).
+
+    Why: ``by_kernel`` says *that* a kernel grew beside others (NASNet-A-large's 4032 -> 672 1x1 convolution 3.7x
+    under ios's CUDA graph, 1.0x under greedy's, 2026-11-28); which kernels ran beside each instance, and for how
+    long, is what a sharing model of the device is fitted on (:func:`co_runners`). One call is enough (the calls
+    repeat the same program) and keeps the run's JSON small. The calls of one profile run one after another on the
+    device, so the last call's kernels are the last ``len(intervals) / runs`` to start."""
+    per_call = max(1, round(len(intervals) / max(runs, 1)))
+    last = sorted(intervals, key=lambda iv: iv[0])[-per_call:]
+    t0 = last[0][0] if last else 0.0
+    names: dict[str, int] = {}
+    items = [[round(iv[0] - t0, 3), round(iv[1] - iv[0], 3), names.setdefault(str(iv[2]), len(names))]
+             for iv in last]
+    return {"names": list(names), "items": items}
+
+
+def co_runners(timeline: dict, kernel: str) -> list[dict]:
+    """Every instance of ``kernel`` in the timeline's last call (:func:`last_call_spans`): its start and duration,
+    and the microseconds each other kernel ran beside it (summed per kernel name, the most first). Empty when the
+    timeline has no spans or no such kernel."""
+    spans = timeline.get("spans") or {}
+    names = spans.get("names") or []
+    items = [(a, a + d, names[i]) for a, d, i in spans.get("items") or []]
+    out = []
+    for a, b, name in items:
+        if name != kernel:
+            continue
+        beside: dict[str, float] = {}
+        for a2, b2, other in items:
+            overlap = min(b, b2) - max(a, a2)
+            if overlap > 0 and (a2, b2, other) != (a, b, name):
+                beside[other] = beside.get(other, 0.0) + overlap
+        out.append({"start_us": a, "us": b - a,
+                    "beside": dict(sorted(beside.items(), key=lambda kv: -kv[1]))})
     return out
 
 
