@@ -35,8 +35,10 @@ REFERENCE = "sequential + CUDA graph"   # each kernel alone, in this run: the un
 GRAPH = " + CUDA graph"
 DEPENDENCY = " (dependency)"
 ORDER_MARGIN = 0.05                     # programs closer than this are not ordered
+NEIGHBOURS = 5                          # kernels per program whose neighbours are listed, and neighbours each
 DEEP_REDUCTION = 1024                   # a convolution reducing over at least this many inputs per output is "deep"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpucheck (the run's own helpers)
 _KERNEL = re.compile(r"^(?P<func>.+)_kernel(?:_\d+)?$")
 
 
@@ -146,7 +148,6 @@ def launch_shapes(program, funcs: set[str], target: dict) -> dict[str, list[int]
 
 def _schedule_files(specs: list[str], model: str, graph):
     """The ``--schedule`` files of ``model``, read and validated as ``gpu_check build`` reads them."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpucheck.build import schedule_files
 
     return schedule_files(specs, model, graph)
@@ -219,7 +220,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
         for u, (_s, a, b) in tl.kernels.items():
             if u in funcs:
                 sim_us[funcs[u]] = sim_us.get(funcs[u], 0.0) + (b - a) * 1e6
-                spans.append((a, b))
+                spans.append((a * 1e6, b * 1e6, funcs[u]))
         meas_us, _ = func_times(t)
         kernels = []
         for f in sorted(set(meas_us) & set(sim_us), key=lambda f: -meas_us[f]):
@@ -231,12 +232,39 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                          "error": tl.latency * 1e3 / rec["median_ms"] - 1,
                          "kernel_sum_measured_us": sum(meas_us.values()),
                          "kernel_sum_simulated_us": sum(sim_us.values()),
-                         "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy(spans) * 1e6,
-                         "kernels": kernels})
+                         "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy((a, b) for a, b, _ in spans),
+                         "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels])})
     out = {"model": name, "programs": programs, "skipped": skipped, "order": program_order(programs),
            "by_kind": by_kind(programs)}
     if launches:
         out["launches"] = launch_shapes(program, set(ref_us), _target(run))
+    return out
+
+
+def neighbours(timeline: dict, simulated: list[tuple], funcs: list[str], top: int = NEIGHBOURS) -> dict:
+    """For the ``top`` kernels of ``funcs`` (the most measured time first), the microseconds per call each other
+    kernel ran beside them, measured (the timeline's last-call spans, ``kernel_profile.co_runners``) and simulated
+    (``simulated``: ``(start us, end us, function)`` of the simulated program); only where the timeline has spans
+    (runs since 2026-11-28). Which neighbour slows which kernel is what the sharing model gets wrong or right."""
+    from gpucheck.kernel_profile import co_runners
+
+    if not (timeline.get("spans") or {}).get("items"):
+        return {}
+    names = timeline["spans"]["names"]
+    # the measured spans under their functions' names (a second launch of a function counts as the function)
+    measured = {"spans": {"names": [kernel_func(n) or n for n in names], "items": timeline["spans"]["items"]}}
+    order = {n: i for i, n in enumerate(dict.fromkeys(f for _, _, f in simulated))}
+    sim = {"spans": {"names": list(order), "items": [[a, b - a, order[f]] for a, b, f in simulated]}}
+    out = {}
+    for f in funcs[:top]:
+        both = {}
+        for side, tl in (("measured", measured), ("simulated", sim)):
+            acc: dict[str, float] = {}
+            for inst in co_runners(tl, f):
+                for other, us in inst["beside"].items():
+                    acc[other] = acc.get(other, 0.0) + us
+            both[side] = dict(sorted(acc.items(), key=lambda kv: -kv[1])[:top])
+        out[f] = both
     return out
 
 
@@ -332,7 +360,16 @@ def render_markdown(result: dict, top: int = 8) -> str:
                              f"{k['reference_us']:.0f} | {k['measured_us']:.0f} | {k['simulated_us']:.0f} | "
                              f"{k['ratio']:.2f} |")
             lines.append("")
+            for f, sides in (p.get("neighbours") or {}).items():
+                lines.append(f"- beside `{f}` (us per call): measured " + _listed(sides["measured"])
+                             + "; simulated " + _listed(sides["simulated"]))
+            if p.get("neighbours"):
+                lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _listed(us: dict[str, float]) -> str:
+    return ", ".join(f"`{k}` {v:.0f}" for k, v in us.items()) or "none"
 
 
 def main(argv=None) -> int:

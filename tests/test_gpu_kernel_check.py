@@ -64,8 +64,12 @@ def squeezenet_run():
         else:
             ref[f + "_kernel"] = {"us": 10.0 * calls[f], "calls": float(calls[f])}
     slow = max(funcs, key=lambda f: calls[f])
+    other = next(f for f in funcs if f not in (slow, split))
     greedy_kernels = {k: dict(v) for k, v in ref.items()}
     greedy_kernels[slow + "_kernel"]["us"] *= 2
+    # the last call's spans: `other` ran 5 us beside one instance of `slow`, `split`'s second launch 2 us
+    greedy_spans = {"names": [slow + "_kernel", other + "_kernel", split + "_kernel_1"],
+                    "items": [[0, 20, 0], [5, 5, 1], [18, 4, 2], [30, 20, 0]]}
     seq = schedule_graph(program.graph, "sequential", "sim:h100", model_name="squeezenet")
     greedy = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet", max_streams=8)
 
@@ -77,15 +81,16 @@ def squeezenet_run():
                           variant("greedy + CUDA graph", greedy.num_stages, 0.4),
                           variant("lios + CUDA graph", 3, 0.4), variant("foo + CUDA graph", 3, 0.4)],
              "timelines": {"sequential + CUDA graph": {"by_kernel": ref, "busy_us": 10.0 * len(program.graph)},
-                           "greedy + CUDA graph": {"by_kernel": greedy_kernels, "busy_us": 300.0},
+                           "greedy + CUDA graph": {"by_kernel": greedy_kernels, "busy_us": 300.0,
+                                                   "spans": greedy_spans},
                            "lios + CUDA graph": {"by_kernel": ref}, "foo + CUDA graph": {"by_kernel": ref}}}
-    return {"device": "test", "build": BUILD, "models": [entry]}, program, slow, split
+    return {"device": "test", "build": BUILD, "models": [entry]}, program, slow, split, other
 
 
 def test_fed_the_reference_kernel_times_the_sequential_graph_is_exact(squeezenet_run):
     from tvm_interop.passes.cost.program import load_fitted
 
-    run, program, slow, split = squeezenet_run
+    run, program, slow, split, other = squeezenet_run
     m = kc.check_model(run, run["models"][0], load_fitted())
     progs = {p["variant"]: p for p in m["programs"]}
     seq = progs["sequential + CUDA graph"]
@@ -96,6 +101,12 @@ def test_fed_the_reference_kernel_times_the_sequential_graph_is_exact(squeezenet
     g = {k["kernel"]: k for k in progs["greedy + CUDA graph"]["kernels"]}
     assert g[slow]["measured_us"] == pytest.approx(2 * g[slow]["reference_us"])
     assert g[slow]["ratio"] == pytest.approx(g[slow]["simulated_us"] / g[slow]["measured_us"])
+    # who ran beside the kernels, measured from the spans (a function's second launch counts as the function) and
+    # simulated; the sequential graph has no spans, so no neighbours
+    near = progs["greedy + CUDA graph"]["neighbours"]
+    assert near[slow]["measured"] == {other: 5, split: 2}
+    assert all(us > 0 for us in near[slow]["simulated"].values()) and slow not in near[slow]["simulated"]
+    assert seq["neighbours"] == {}
     # a schedule of another build, and a variant that is neither a scheduler nor given: named, not compared
     assert "stages rescheduled here" in m["skipped"]["lios + CUDA graph"]
     assert "--schedule squeezenet:foo=FILE" in m["skipped"]["foo + CUDA graph"]
@@ -103,6 +114,7 @@ def test_fed_the_reference_kernel_times_the_sequential_graph_is_exact(squeezenet
     md = kc.render_markdown({"run": "r/gpu_check.json", "device": "test", "params": "p.json",
                              "summary": kc.summary([m]), "models": [m]})
     assert "| sequential + CUDA graph | 0.500 |" in md and "**greedy + CUDA graph**, the kernels" in md
+    assert f"- beside `{slow}` (us per call): measured `{other}` 5, `{split}` 2; simulated" in md
     json.dumps(m)
 
 
