@@ -26,6 +26,11 @@
 #            direct-launch twins "ios" and "greedy" (do host-paced launches contend less than a graph's?), and every
 #            timeline keeps its last call's kernel spans (which neighbour slowed which kernel); `finish` checks the
 #            program model kernel by kernel on them (scripts/gpu_kernel_check.py).
+#   pairs    Inception-v3 and NASNet-A-large run one kernel at a time except for pairs of kernels that ios runs
+#            side by side, each pair alone in its stage (scripts/pair_probe.py): with the spans of its CUDA-graph
+#            timeline, every member's time beside exactly one known neighbour, against its time alone in the
+#            sequential graph. The controlled data a sharing model of the device is fitted on (none fitted on
+#            whole-program totals ordered NASNet-A-large's programs right, docs/gpu_kernel_check_h200_2026-11-28b.md).
 #   preset   SqueezeNet, RandWire and NASNet-A-large with ios searched under sim:h200-tvm, the preset fitted to
 #            TVM's default CUDA kernels (ios_tvm), against ios under sim:h100: if it is faster on the device, the
 #            CUDA default cost could switch.
@@ -89,6 +94,10 @@ case "$step" in
       "${TI[@]}" schedule "$m" "${SIZE[@]}" --target cuda --cost sim:h200-tvm --quiet -o "$S/$m.ios_tvm.json"
       SCHEDULES+=(--schedule "$m:ios_tvm=$S/$m.ios_tvm.json")
     done
+    for m in inception_v3 nasnet_a_large; do
+      "$PY" scripts/pair_probe.py "$m" "${SIZE[@]}" -o "$S/$m.pairs.json"
+      SCHEDULES+=(--schedule "$m:pairs=$S/$m.pairs.json")
+    done
     # no cuDNN entries, waits and syncs as the product lowers them: the questions are about TVM's kernels
     GPU_CHECK_DIR="$BUILD" bash scripts/gpu_check.sh build --dir "$BUILD" --models "$MODELS" "${SIZE[@]}" \
       --schedulers sequential,greedy,lios,ios --cudnn '' --waits stage-start --sync tvm "${SCHEDULES[@]}" "$@"
@@ -119,7 +128,7 @@ case "$step" in
     GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
       --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
       --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
-      --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" \
+      --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" --timeline "pairs + CUDA graph" \
       "$@" || status=1
     exit "$status"
     ;;

@@ -233,9 +233,15 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                          "kernel_sum_measured_us": sum(meas_us.values()),
                          "kernel_sum_simulated_us": sum(sim_us.values()),
                          "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy((a, b) for a, b, _ in spans),
-                         "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels])})
+                         "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels]),
+                         "pairs": isolated_pairs(t, ref)})
+    def kind_of(kernel_name: str) -> str:
+        u = unit_of_func.get(kernel_func(kernel_name) or "")
+        return kernel_kind(u) if u is not None else "not a TVM kernel"
+
+    pairs = [p for prog in programs for p in prog["pairs"]]
     out = {"model": name, "programs": programs, "skipped": skipped, "order": program_order(programs),
-           "by_kind": by_kind(programs)}
+           "by_kind": by_kind(programs), "pair_summary": pair_summary(pairs, kind_of)}
     if launches:
         out["launches"] = launch_shapes(program, set(ref_us), _target(run))
     return out
@@ -266,6 +272,48 @@ def neighbours(timeline: dict, simulated: list[tuple], funcs: list[str], top: in
             both[side] = dict(sorted(acc.items(), key=lambda kv: -kv[1])[:top])
         out[f] = both
     return out
+
+
+def isolated_pairs(timeline: dict, reference: dict) -> list[dict]:
+    """The kernels of the timeline's last call that ran beside exactly one other kernel, which ran beside only
+    them (a pair stage of ``scripts/pair_probe.py``, or any such pair in a program): each member's time against its
+    time alone in ``reference`` (per call of that kernel). Empty without spans."""
+    spans = timeline.get("spans") or {}
+    names = spans.get("names") or []
+    items = [(a, a + d, names[i]) for a, d, i in spans.get("items") or []]
+    ref = reference.get("by_kernel") or {}
+    beside: list[list[int]] = [[] for _ in items]
+    order = sorted(range(len(items)), key=lambda i: items[i][0])
+    for x, i in enumerate(order):           # sweep: the spans that start before i ends
+        for j in order[x + 1:]:
+            if items[j][0] >= items[i][1]:
+                break
+            if min(items[i][1], items[j][1]) > items[j][0]:
+                beside[i].append(j)
+                beside[j].append(i)
+    out = []
+    for i, (a, b, name) in enumerate(items):
+        if len(beside[i]) != 1:
+            continue
+        j = beside[i][0]
+        if beside[j] != [i] or name not in ref or not ref[name]["calls"]:
+            continue
+        alone = ref[name]["us"] / ref[name]["calls"]
+        out.append({"kernel": name, "beside": items[j][2], "us": b - a, "alone_us": alone,
+                    "ratio": (b - a) / alone if alone > 0 else None})
+    return out
+
+
+def pair_summary(pairs: list[dict], kind_of) -> dict[str, dict]:
+    """Per (kind, kind of its neighbour): how many kernels ran in such a pair, and the median and range of their
+    time against their time alone."""
+    acc: dict[str, list[float]] = {}
+    for p in pairs:
+        if p["ratio"] is None:
+            continue
+        acc.setdefault(f"{kind_of(p['kernel'])} beside {kind_of(p['beside'])}", []).append(p["ratio"])
+    return {k: {"kernels": len(v), "median": statistics.median(v), "min": min(v), "max": max(v)}
+            for k, v in sorted(acc.items())}
 
 
 def program_order(programs: list[dict], margin: float = ORDER_MARGIN) -> dict:
@@ -345,6 +393,13 @@ def render_markdown(result: dict, top: int = 8) -> str:
             for kind, a in m["by_kind"].items():
                 lines.append(f"| {kind} | {a['kernels']} | {a['measured_us']:.0f} | {a['simulated_us']:.0f} | "
                              f"{a['simulated_us'] / a['measured_us']:.2f} | {a['rms_log']:.2f} |")
+            lines.append("")
+        if m.get("pair_summary"):
+            lines += ["Kernels that ran beside exactly one other (from the spans of the profiled calls): time against "
+                      "time alone, per kind and the kind beside it:", "",
+                      "| kernel kind beside | kernels | median | min | max |", "|---|---:|---:|---:|---:|"]
+            for k, a in m["pair_summary"].items():
+                lines.append(f"| {k} | {a['kernels']} | {a['median']:.2f}x | {a['min']:.2f}x | {a['max']:.2f}x |")
             lines.append("")
         shapes = m.get("launches") or {}
         for p in m["programs"]:

@@ -69,7 +69,7 @@ def squeezenet_run():
     greedy_kernels[slow + "_kernel"]["us"] *= 2
     # the last call's spans: `other` ran 5 us beside one instance of `slow`, `split`'s second launch 2 us
     greedy_spans = {"names": [slow + "_kernel", other + "_kernel", split + "_kernel_1"],
-                    "items": [[0, 20, 0], [5, 5, 1], [18, 4, 2], [30, 20, 0]]}
+                    "items": [[0, 20, 0], [5, 5, 1], [18, 4, 2], [30, 20, 0], [60, 12, 1], [62, 6, 0]]}
     seq = schedule_graph(program.graph, "sequential", "sim:h100", model_name="squeezenet")
     greedy = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet", max_streams=8)
 
@@ -104,9 +104,19 @@ def test_fed_the_reference_kernel_times_the_sequential_graph_is_exact(squeezenet
     # who ran beside the kernels, measured from the spans (a function's second launch counts as the function) and
     # simulated; the sequential graph has no spans, so no neighbours
     near = progs["greedy + CUDA graph"]["neighbours"]
-    assert near[slow]["measured"] == {other: 5, split: 2}
+    assert near[slow]["measured"] == {other: 11, split: 2}   # 5 us beside one instance, 6 beside another
     assert all(us > 0 for us in near[slow]["simulated"].values()) and slow not in near[slow]["simulated"]
     assert seq["neighbours"] == {}
+    # the one clean pair of the spans (60-72 us and 62-68 us: each beside only the other), against 10 us alone
+    pairs = progs["greedy + CUDA graph"]["pairs"]
+    assert [(p["kernel"], p["beside"], p["ratio"]) for p in pairs] == [
+        (other + "_kernel", slow + "_kernel", pytest.approx(1.2)),
+        (slow + "_kernel", other + "_kernel", pytest.approx(0.6))]
+    kinds = {f: kc.kernel_kind(next(u for u in program.graph if (u.func_name or u.name) == f))
+             for f in (slow, other)}
+    summary = m["pair_summary"]
+    assert sum(a["kernels"] for a in summary.values()) == 2
+    assert summary[f"{kinds[slow]} beside {kinds[other]}"]["min"] == pytest.approx(0.6)
     # a schedule of another build, and a variant that is neither a scheduler nor given: named, not compared
     assert "stages rescheduled here" in m["skipped"]["lios + CUDA graph"]
     assert "--schedule squeezenet:foo=FILE" in m["skipped"]["foo + CUDA graph"]
@@ -114,7 +124,8 @@ def test_fed_the_reference_kernel_times_the_sequential_graph_is_exact(squeezenet
     md = kc.render_markdown({"run": "r/gpu_check.json", "device": "test", "params": "p.json",
                              "summary": kc.summary([m]), "models": [m]})
     assert "| sequential + CUDA graph | 0.500 |" in md and "**greedy + CUDA graph**, the kernels" in md
-    assert f"- beside `{slow}` (us per call): measured `{other}` 5, `{split}` 2; simulated" in md
+    assert f"- beside `{slow}` (us per call): measured `{other}` 11, `{split}` 2; simulated" in md
+    assert "| kernel kind beside | kernels | median | min | max |" in md
     json.dumps(m)
 
 
