@@ -1,24 +1,12 @@
 """scripts/gpu_kernel_check.py: the program model checked kernel by kernel against a run's kernel timelines."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
+from scripts_under_test import load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _script():
-    path = os.path.join(ROOT, "scripts", "gpu_kernel_check.py")
-    spec = importlib.util.spec_from_file_location("gpu_kernel_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-kc = _script()
+kc = load_script("gpu_kernel_check")
 BUILD = {"target": "cuda -arch=sm_90", "width": 0.25, "image_size": 64, "batch": 1, "cost": "sim:h100",
          "max_streams": 8, "waits": "stage-start"}
 

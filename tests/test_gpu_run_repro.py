@@ -2,23 +2,14 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 
 import pytest
+from scripts_under_test import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_run_repro", os.path.join(ROOT, "scripts", "gpu_run_repro.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-repro = _script()
+repro = load_script("gpu_run_repro")
 
 
 def _variant(name, median, stages=10, streams=4, graph=False, mean=None, syncs=20):

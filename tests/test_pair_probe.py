@@ -1,22 +1,10 @@
 """scripts/pair_probe.py: a schedule of single kernels and chosen pairs, the controlled experiment on sharing."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
+from scripts_under_test import load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("pair_probe", os.path.join(ROOT, "scripts", "pair_probe.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-pp = _script()
+pp = load_script("pair_probe")
 
 
 def test_kernel_kinds_for_pairing():
