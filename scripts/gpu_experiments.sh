@@ -12,7 +12,8 @@
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
 # Full size, 2026-11-28 on the 2-core dev machine: 16 min 16 s, 9.6 MiB of libraries + 12 MiB of search round
 # (inception_v3 138 s, squeezenet 70 s, randwire 259 s, nasnet_a_large 282 s of gpu_check build; the rest is the
-# seven schedule searches and the active round). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
+# seven schedule searches and the active round). With the pair probes and the search ended (2026-11-28, later):
+# 15 min 34 s, 9.9 MiB (inception_v3 147 s, squeezenet 57 s, randwire 260 s, nasnet_a_large 295 s). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
 # part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB).
 # GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
 #
