@@ -154,6 +154,7 @@ def _schedule_files(specs: list[str], model: str, graph):
 
 
 def _busy(spans) -> float:
+    """The time at least one of the ``(start, end)`` spans runs (their union's length)."""
     total, cur = 0.0, None
     for a, b in sorted(spans):
         if cur is None or a > cur[1]:
@@ -235,6 +236,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                          "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy((a, b) for a, b, _ in spans),
                          "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels]),
                          "pairs": isolated_pairs(t, ref)})
+
     def kind_of(kernel_name: str) -> str:
         u = unit_of_func.get(kernel_func(kernel_name) or "")
         return kernel_kind(u) if u is not None else "not a TVM kernel"
