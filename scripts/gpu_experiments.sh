@@ -143,7 +143,7 @@ case "$step" in
       "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
         -o "$ACTIVE/shipped.json"
     fi
-    "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches \
+    "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches --block-sim \
       $(for f in "$BUILD"/schedules/*.json; do b="${f##*/}"; b="${b%.json}"; echo "--schedule ${b%%.*}:${b#*.}=$f"; done) \
       --out "docs/${NAME}_kernels" || true
     ;;

@@ -166,9 +166,11 @@ def _busy(spans) -> float:
     return total + (cur[1] - cur[0] if cur is not None else 0.0)
 
 
-def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), launches: bool = False) -> dict:
+def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), launches: bool = False,
+                block_sim: bool = False) -> dict:
     """Every profiled program of one model of the run, simulated with the reference timeline's kernel times
-    (``schedule_specs``: ``MODEL:LABEL=FILE`` schedules of the variants that are not schedulers)."""
+    (``schedule_specs``: ``MODEL:LABEL=FILE`` schedules of the variants that are not schedulers; ``block_sim``:
+    the CUDA-graph programs also by ``block_sim.simulate_blocks``, which needs the launch shapes)."""
     from tvm_interop.passes.cost.program import issued_program, simulate, unit_class, work_items
     from tvm_interop.passes.merge import has_merges
 
@@ -194,6 +196,8 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
     unit_of_func = {}
     for u in program.graph:
         unit_of_func.setdefault(funcs[u.name], u)
+    shapes = launch_shapes(program, set(ref_us), _target(run)) if (launches or block_sim) else {}
+    blocks = _block_kernels(units, funcs, shapes) if block_sim else None
     variants = {v["name"]: v for v in entry.get("variants", [])}
     waits = (run.get("build", {}).get("waits") or "consumer").split(",")[0]
     programs, skipped = [], {}
@@ -223,6 +227,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                 sim_us[funcs[u]] = sim_us.get(funcs[u], 0.0) + (b - a) * 1e6
                 spans.append((a * 1e6, b * 1e6, funcs[u]))
         meas_us, _ = func_times(t)
+        block = _block_prediction(prog, blocks, funcs, rec["median_ms"]) if blocks and graph else {}
         kernels = []
         for f in sorted(set(meas_us) & set(sim_us), key=lambda f: -meas_us[f]):
             u = unit_of_func[f]
@@ -235,7 +240,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                          "kernel_sum_simulated_us": sum(sim_us.values()),
                          "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy((a, b) for a, b, _ in spans),
                          "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels]),
-                         "pairs": isolated_pairs(t, ref)})
+                         "pairs": isolated_pairs(t, ref), **block})
 
     def kind_of(kernel_name: str) -> str:
         u = unit_of_func.get(kernel_func(kernel_name) or "")
@@ -244,9 +249,34 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
     pairs = [p for prog in programs for p in prog["pairs"]]
     out = {"model": name, "programs": programs, "skipped": skipped, "order": program_order(programs),
            "by_kind": by_kind(programs), "pair_summary": pair_summary(pairs, kind_of)}
-    if launches:
-        out["launches"] = launch_shapes(program, set(ref_us), _target(run))
+    if shapes:
+        out["launches"] = shapes
+    if block_sim:
+        out["block_order"] = program_order([dict(p, predicted_ms=p["block_predicted_ms"]) for p in programs
+                                            if "block_predicted_ms" in p])
     return out
+
+
+def _block_kernels(units: dict, funcs: dict, shapes: dict) -> dict | None:
+    """``block_sim.Kernel`` per unit (time alone from the reference timeline, launch shape from the lowering), or
+    None when a unit has no shape (a library call)."""
+    from block_sim import Kernel
+
+    if any(funcs[u] not in shapes for u in units):
+        return None
+    return {u: Kernel(units[u][0], *shapes[funcs[u]]) for u in units}
+
+
+def _block_prediction(prog, kernels: dict, funcs: dict, measured_ms: float) -> dict:
+    """The block simulation's time for one CUDA-graph program and its kernels' simulated time per function."""
+    from block_sim import simulate_blocks
+
+    end, spans = simulate_blocks(prog, kernels)
+    per_func: dict[str, float] = {}
+    for u, (a, b) in spans.items():
+        per_func[funcs[u]] = per_func.get(funcs[u], 0.0) + (b - a) * 1e6
+    return {"block_predicted_ms": end * 1e3, "block_error": end * 1e3 / measured_ms - 1,
+            "block_kernel_us": per_func}
 
 
 def neighbours(timeline: dict, simulated: list[tuple], funcs: list[str], top: int = NEIGHBOURS) -> dict:
@@ -354,8 +384,14 @@ def summary(models: list[dict]) -> dict:
     errs = [abs(p["error"]) for m in models for p in m.get("programs", [])]
     pairs = sum(m.get("order", {}).get("pairs", 0) for m in models)
     wrong = sum(len(m.get("order", {}).get("wrong", [])) for m in models)
-    return {"programs": len(errs), "median": statistics.median(errs) if errs else None,
-            "worst": max(errs) if errs else None, "ordered_pairs": pairs, "misordered_pairs": wrong}
+    out = {"programs": len(errs), "median": statistics.median(errs) if errs else None,
+           "worst": max(errs) if errs else None, "ordered_pairs": pairs, "misordered_pairs": wrong}
+    block = [abs(p["block_error"]) for m in models for p in m.get("programs", []) if "block_error" in p]
+    if block:
+        out["block"] = {"programs": len(block), "median": statistics.median(block), "worst": max(block),
+                        "ordered_pairs": sum(m.get("block_order", {}).get("pairs", 0) for m in models),
+                        "misordered_pairs": sum(len(m.get("block_order", {}).get("wrong", [])) for m in models)}
+    return out
 
 
 def render_markdown(result: dict, top: int = 8) -> str:
@@ -368,6 +404,11 @@ def render_markdown(result: dict, top: int = 8) -> str:
         lines += [f"**{s['programs']} profiled programs**: |predicted / measured - 1| median {s['median']:.1%}, worst "
                   f"{s['worst']:.1%}; the model orders {s['ordered_pairs'] - s['misordered_pairs']} of "
                   f"{s['ordered_pairs']} pairs of programs (more than {ORDER_MARGIN:.0%} apart) as the device did.", ""]
+        if s.get("block"):
+            b = s["block"]
+            lines += [f"The block simulation on {b['programs']} CUDA-graph programs: median {b['median']:.1%}, worst "
+                      f"{b['worst']:.1%}; it orders {b['ordered_pairs'] - b['misordered_pairs']} of "
+                      f"{b['ordered_pairs']} pairs as the device did.", ""]
     for m in result["models"]:
         lines.append(f"## {m['model']}")
         lines.append("")
@@ -381,6 +422,10 @@ def render_markdown(result: dict, top: int = 8) -> str:
                          f"{p['kernel_sum_measured_us']:.0f} | {p['kernel_sum_simulated_us']:.0f} | "
                          f"{p['busy_measured_us'] or 0:.0f} | {p['busy_simulated_us']:.0f} |")
         lines.append("")
+        if any("block_predicted_ms" in p for p in m["programs"]):
+            lines += ["The block simulation (`scripts/block_sim.py`, CUDA-graph programs): "
+                      + "; ".join(f"{p['variant']} {p['block_predicted_ms']:.3f} ms ({p['block_error']:+.1%})"
+                                  for p in m["programs"] if "block_predicted_ms" in p) + ".", ""]
         for v, why in m["skipped"].items():
             lines.append(f"- not compared: {v}: {why}")
         o = m["order"]
@@ -437,6 +482,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None)
     ap.add_argument("--launches", action="store_true",
                     help="lower every kernel as the CUDA build does and report its launch shape (minutes)")
+    ap.add_argument("--block-sim", action="store_true",
+                    help="also simulate the CUDA-graph programs block by block (scripts/block_sim.py, an experiment; "
+                         "lowers every kernel for its launch shape)")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
     from tvm_interop.passes.cost.program import fitted_params_path, load_fitted
@@ -448,7 +496,8 @@ def main(argv=None) -> int:
     for entry in run.get("models", []):
         if (args.models and entry["name"] not in args.models.split(",")) or not entry.get("timelines"):
             continue
-        models.append(check_model(run, entry, params, args.schedule, launches=args.launches))
+        models.append(check_model(run, entry, params, args.schedule, launches=args.launches,
+                                  block_sim=args.block_sim))
         print(f"{entry['name']}: " + ("skipped: " + models[-1]["skipped"] if isinstance(models[-1].get("skipped"), str)
                                       else ", ".join(f"{p['variant']} {p['error']:+.1%}"
                                                      for p in models[-1]["programs"])), file=sys.stderr)
@@ -462,6 +511,10 @@ def main(argv=None) -> int:
     if s["programs"]:
         print(f"{s['programs']} programs: median {s['median']:.1%}, worst {s['worst']:.1%}; "
               f"{s['misordered_pairs']} of {s['ordered_pairs']} pairs ordered the other way round")
+    if s.get("block"):
+        b = s["block"]
+        print(f"block simulation, {b['programs']} programs: median {b['median']:.1%}, worst {b['worst']:.1%}; "
+              f"{b['misordered_pairs']} of {b['ordered_pairs']} pairs ordered the other way round")
     if args.out:
         with open(args.out + ".json", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -136,3 +136,20 @@ def test_the_cli_writes_both_reports_and_refuses_a_run_without_timelines(squeeze
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"build": BUILD, "models": [{"name": "squeezenet", "variants": []}]}))
     assert kc.main([str(bare)]) == 1
+
+
+def test_the_block_simulation_runs_beside_the_program_model_on_the_graph_programs(squeezenet_run):
+    """``--block-sim``: every CUDA-graph program also simulated block by block from the lowered kernels' launch
+    shapes; the sequential graph is its kernels one after another, each taking its reference time."""
+    from tvm_interop.passes.cost.program import load_fitted
+
+    run, program, *_ = squeezenet_run
+    m = kc.check_model(run, run["models"][0], load_fitted(), block_sim=True)
+    progs = {p["variant"]: p for p in m["programs"]}
+    assert progs["sequential + CUDA graph"]["block_predicted_ms"] == pytest.approx(10e-3 * len(program.graph))
+    assert progs["greedy + CUDA graph"]["block_predicted_ms"] > 0 and m["block_order"]["pairs"] == 1
+    assert all(len(shape) == 2 for shape in m["launches"].values())
+    s = kc.summary([m])
+    assert s["block"]["programs"] == 2
+    md = kc.render_markdown({"run": "r", "device": "test", "params": "p", "summary": s, "models": [m]})
+    assert "The block simulation on 2 CUDA-graph programs" in md
