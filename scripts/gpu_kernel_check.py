@@ -70,18 +70,25 @@ def kernel_kind(unit) -> str:
     from tvm_interop.passes.cost.program import unit_class
 
     cls = unit_class(unit)
+    depth = reduction_depth(unit)
+    if depth is None:
+        return cls
+    return f"{cls} ({'deep' if depth >= DEEP_REDUCTION else 'shallow'})"
+
+
+def conv_weight_shape(unit) -> tuple[int, int, int, int] | None:
+    """A convolution's weight shape (out channels, in channels per group, kernel height, width); None for any
+    other unit."""
     ws = (unit.attrs or {}).get("weight_shape")
     if unit.kind == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        depth = int(ws[1]) * int(ws[2]) * int(ws[3])
-        return f"{cls} ({'deep' if depth >= DEEP_REDUCTION else 'shallow'})"
-    return cls
+        return tuple(int(x) for x in ws)
+    return None
 
 
 def reduction_depth(unit) -> int | None:
-    ws = (unit.attrs or {}).get("weight_shape")
-    if unit.kind == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        return int(ws[1]) * int(ws[2]) * int(ws[3])
-    return None
+    """How many inputs a convolution's output sums over (in channels per group x kernel area); None otherwise."""
+    ws = conv_weight_shape(unit)
+    return ws[1] * ws[2] * ws[3] if ws else None
 
 
 def _target(run: dict) -> dict:
@@ -153,24 +160,12 @@ def _schedule_files(specs: list[str], model: str, graph):
     return schedule_files(specs, model, graph)
 
 
-def _busy(spans) -> float:
-    """The time at least one of the ``(start, end)`` spans runs (their union's length)."""
-    total, cur = 0.0, None
-    for a, b in sorted(spans):
-        if cur is None or a > cur[1]:
-            if cur is not None:
-                total += cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    return total + (cur[1] - cur[0] if cur is not None else 0.0)
-
-
 def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), launches: bool = False,
                 block_sim: bool = False) -> dict:
     """Every profiled program of one model of the run, simulated with the reference timeline's kernel times
     (``schedule_specs``: ``MODEL:LABEL=FILE`` schedules of the variants that are not schedulers; ``block_sim``:
     the CUDA-graph programs also by ``block_sim.simulate_blocks``, which needs the launch shapes)."""
+    from gpucheck.kernel_profile import union_length
     from tvm_interop.passes.cost.program import issued_program, simulate, unit_class, work_items
     from tvm_interop.passes.merge import has_merges
 
@@ -238,7 +233,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
                          "error": tl.latency * 1e3 / rec["median_ms"] - 1,
                          "kernel_sum_measured_us": sum(meas_us.values()),
                          "kernel_sum_simulated_us": sum(sim_us.values()),
-                         "busy_measured_us": t.get("busy_us"), "busy_simulated_us": _busy((a, b) for a, b, _ in spans),
+                         "busy_measured_us": t.get("busy_us"), "busy_simulated_us": union_length(spans),
                          "kernels": kernels, "neighbours": neighbours(t, spans, [k["kernel"] for k in kernels]),
                          "pairs": isolated_pairs(t, ref), **block})
 

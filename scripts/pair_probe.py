@@ -27,18 +27,19 @@ import itertools
 import os
 import sys
 
-DEEP_REDUCTION = 1024   # as scripts/gpu_kernel_check.py: a convolution reducing over >= this many inputs is deep
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpu_kernel_check: the same kernel kinds
+from gpu_kernel_check import DEEP_REDUCTION, conv_weight_shape, reduction_depth  # noqa: E402
 
 
 def pair_kind(unit) -> str:
     """The kind of a unit for pairing: ``deep_1x1``, ``shallow_1x1``, ``depthwise``, ``spatial``, ``pool`` or
     ``other``."""
-    ws = (unit.attrs or {}).get("weight_shape")
-    if unit.kind == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        if int(ws[2]) * int(ws[3]) == 1:
-            return "deep_1x1" if int(ws[1]) >= DEEP_REDUCTION else "shallow_1x1"
-        return "depthwise" if int(ws[1]) == 1 else "spatial"
-    return "pool" if "pool" in unit.kind else "other"
+    ws = conv_weight_shape(unit)
+    if ws is None:
+        return "pool" if "pool" in unit.kind else "other"
+    if ws[2] * ws[3] == 1:
+        return "deep_1x1" if reduction_depth(unit) >= DEEP_REDUCTION else "shallow_1x1"
+    return "depthwise" if ws[1] == 1 else "spatial"
 
 
 def _weight(unit) -> float:

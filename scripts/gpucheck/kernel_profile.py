@@ -102,24 +102,14 @@ def timeline_summary(intervals: list[tuple], runs: int) -> dict:
     H200 the sum grew (ios + CUDA graph: 29.4 ms of kernel time per call against the sequential program's ~13);
     which kernels grew, against the same kernels in ``sequential + CUDA graph``, is what ``by_kernel`` answers
     (:func:`kernel_growth`)."""
-    total = busy = 0.0
-    cur_start = cur_end = None
     by_kernel: dict[str, list[float]] = {}
     for iv in intervals:
         if len(iv) > 2:
             row = by_kernel.setdefault(str(iv[2]), [0.0, 0.0])
             row[0] += (iv[1] - iv[0]) / runs
             row[1] += 1.0 / runs
-    for start, end in sorted((iv[0], iv[1]) for iv in intervals):
-        total += end - start
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                busy += cur_end - cur_start
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None:
-        busy += cur_end - cur_start
+    total = sum(iv[1] - iv[0] for iv in intervals)
+    busy = union_length(intervals)
     out = {"runs": runs, "ops_per_run": len(intervals) / runs, "device_us": total / runs, "busy_us": busy / runs,
            "concurrency": total / busy if busy > 0 else 0.0}
     if by_kernel:
@@ -127,6 +117,20 @@ def timeline_summary(intervals: list[tuple], runs: int) -> dict:
         out["by_kernel"] = {k: {"us": v[0], "calls": v[1]} for k, v in ranked}
         out["spans"] = last_call_spans(intervals, runs)
     return out
+
+
+def union_length(intervals) -> float:
+    """The time at least one of the ``(start, end, ...)`` intervals covers (the length of their union)."""
+    busy = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted((iv[0], iv[1]) for iv in intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    return busy + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
 def last_call_spans(intervals: list[tuple], runs: int) -> dict:
