@@ -158,6 +158,32 @@ def _bind_dims(table: dict, tags, linear, dtype: str) -> list:
     return out
 
 
+def member_stmt(la: Launch, block: int, local_b, tx, grid: int, idle=None):
+    """One member's body in a fused launch of ``block``-thread blocks, as the block ``local_b`` of its ``grid``
+    blocks there (``tx``: the fused thread index): its own block and thread indices bound from those (repacked
+    when its block differs: linear thread ``L``, guarded ``L < grid x threads``), its attributes re-wrapped, and
+    ``idle`` (a condition) guarding the alignment blocks it skips (:func:`partition.repack_alignment`). Shared by
+    the wave launches and the flow launch (:mod:`passes.wave.flow`), which differ only in where ``local_b``
+    comes from."""
+    dtype = "int64"
+    c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
+    if la.threads == block:
+        member_b, member_t, guard = local_b, tx, None
+    else:   # repacked (partition.member_thread): linear thread L, guarded L < grid x threads
+        linear = local_b * c(block) + tx
+        member_b, member_t = tirx.floordiv(linear, c(la.threads)), tirx.floormod(linear, c(la.threads))
+        guard = tirx.LT(linear, c(la.grid * la.threads)) if grid * block != la.grid * la.threads else None
+        if idle is not None:   # the idle blocks of its alignment (partition.repack_alignment) skip the body
+            guard = idle if guard is None else tirx.And(idle, guard)
+    body = [*_bind_dims(la.block, _BLOCK, member_b, dtype), *_bind_dims(la.thread, _THREAD, member_t, dtype)]
+    inner = la.body
+    for attr in reversed(la.keep):
+        inner = S.AttrStmt(attr.node, attr.attr_key, attr.value, inner)
+    body.append(inner)
+    stmt = S.SeqStmt(body)
+    return stmt if guard is None else S.IfThenElse(guard, stmt, None)
+
+
 def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
     """One launch running ``launches`` (member name, launch, whether its threads synchronise)."""
     dtype = "int64"
@@ -178,23 +204,7 @@ def wave_launch(launches: list[tuple[str, Launch, bool]], name: str):
     branches = []
     for k, ((member, la, _), offset, grid) in enumerate(zip(launches, offsets, grids)):
         local_b = bx - c(offset) if offset else bx
-        if la.threads == block:
-            member_b, member_t, guard = local_b, tx, None
-        else:   # repacked (partition.member_thread): linear thread L, guarded L < grid x threads
-            linear = local_b * c(block) + tx
-            member_b, member_t = tirx.floordiv(linear, c(la.threads)), tirx.floormod(linear, c(la.threads))
-            guard = tirx.LT(linear, c(la.grid * la.threads)) if grid * block != la.grid * la.threads else None
-            if offset > ends[k]:   # the idle blocks of its alignment (partition.repack_alignment) skip the body
-                idle = tirx.GE(bx, c(offset))
-                guard = idle if guard is None else tirx.And(idle, guard)
-        body = [*_bind_dims(la.block, _BLOCK, member_b, dtype), *_bind_dims(la.thread, _THREAD, member_t, dtype)]
-        inner = la.body
-        for attr in reversed(la.keep):
-            inner = S.AttrStmt(attr.node, attr.attr_key, attr.value, inner)
-        body.append(inner)
-        stmt = S.SeqStmt(body)
-        if guard is not None:
-            stmt = S.IfThenElse(guard, stmt, None)
+        stmt = member_stmt(la, block, local_b, tx, grid, idle=tirx.GE(bx, c(offset)) if offset > ends[k] else None)
         branches.append((tirx.LT(bx, c(offset + grid)), stmt))
     # if / else-if chain on the block index: uniform within a block
     chain = branches[-1][1]

@@ -82,13 +82,11 @@ def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
     return split_cpu(unit, lower(func, target))
 
 
-def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Target,
-                      veus: int | None = None, lowered: dict | None = None) -> WaveKernel:
-    """Fuse ``groups`` (one stage's, each a chain of units) into one kernel; :class:`NotFusable` if a member
-    cannot share it. ``lowered``: units already lowered by :func:`lower_unit` (the others are lowered here)."""
-    sig = wave_signature(program, groups)
-    lowered = lowered or {}
-    kernels = {u: lowered[u] if u in lowered else lower_unit(program, u, target) for u in sig.units}
+def fused_param_map(program, sig: WaveSignature, kernels: dict, extra_inputs: list | None = None
+                    ) -> tuple[list, dict]:
+    """The fused kernel's parameters (``sig.inputs``, then ``extra_inputs`` (buffers), then every member output),
+    and for each member parameter ``(unit, position)`` the fused parameter it stands for. Shared by the wave and
+    the flow kernels (``passes.wave.flow``), which differ only in how the members' launches are laid out."""
     fused_param: dict = {}
     params: list = []
 
@@ -104,10 +102,11 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
             first_use.setdefault(ref, kernels[u].params[pos])
     for k, ref in enumerate(sig.inputs):
         new_param(("in", ref), first_use[ref], f"wave_in{k}")
+    params.extend(extra_inputs or [])
     for u, i in sig.outputs:
         n_in = len(program.calls[u].args)
         new_param(("out", u, i), kernels[u].params[n_in + i], f"{u}_out{i}")
-    prologue = []
+    binding = {}
     members = set(sig.units)
     for u in sig.units:
         call, kern = program.calls[u], kernels[u]
@@ -123,7 +122,27 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
             target_buf = fused_param[key]
             if [int(d) for d in p.shape] != [int(d) for d in target_buf.shape] or str(p.dtype) != str(target_buf.dtype):
                 raise NotFusable(f"{u}: parameter {pos} does not match the tensor passed to it")
-            prologue.append(S.DeclBuffer(p, data=target_buf.data))
+            binding[(u, pos)] = target_buf
+    return params, binding
+
+
+def fused_params(program, sig: WaveSignature, kernels: dict, extra_inputs: list | None = None
+                 ) -> tuple[list, list]:
+    """The fused kernel's parameters (:func:`fused_param_map`) and the prologue re-declaring each member parameter
+    as a view of the fused one it stands for (the members' bodies are not rewritten at all)."""
+    params, binding = fused_param_map(program, sig, kernels, extra_inputs)
+    prologue = [S.DeclBuffer(kernels[u].params[pos], data=buf.data) for (u, pos), buf in binding.items()]
+    return params, prologue
+
+
+def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Target,
+                      veus: int | None = None, lowered: dict | None = None) -> WaveKernel:
+    """Fuse ``groups`` (one stage's, each a chain of units) into one kernel; :class:`NotFusable` if a member
+    cannot share it. ``lowered``: units already lowered by :func:`lower_unit` (the others are lowered here)."""
+    sig = wave_signature(program, groups)
+    lowered = lowered or {}
+    kernels = {u: lowered[u] if u in lowered else lower_unit(program, u, target) for u in sig.units}
+    params, prologue = fused_params(program, sig, kernels)
     chains = [[kernels[u] for u in g] for g in sig.groups]
     first = kernels[sig.units[0]].func
     attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}

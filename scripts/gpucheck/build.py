@@ -20,7 +20,7 @@ from typing import Any
 from tvm_interop.runtime import atomic
 from tvm_interop.runtime.model import export_library
 
-from .common import CARRY_LIMIT, FUNC, WAVE
+from .common import CARRY_LIMIT, FLOW, FUNC, WAVE, fusion_of
 from .device import SOURCE_FORMATS, cuda_kernel_formats
 
 
@@ -266,8 +266,11 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
 
     out = []
     made = []   # (spec, label, schedule)
-    for spec in [s for s in ctx.args.schedulers.split(",") if s and (waves or not s.endswith(WAVE))]:
-        sname = spec.removesuffix(WAVE)
+    for spec in [s for s in ctx.args.schedulers.split(",") if s and (waves or not fusion_of(s)[1])]:
+        sname, fusion = fusion_of(spec)
+        if fusion == FLOW and not ctx.gpu:
+            log(f"  {name}: {spec}: flow fusion builds a persistent CUDA launch; not on a CPU dry run, skipped")
+            continue
         if sname not in available_schedulers():
             log(f"  {name}: scheduler {sname} not available, skipped")
             continue
@@ -277,6 +280,7 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
                                                                        program.graph)]
     for spec, sname, sched in made:
         prog, recipe = program, None
+        fusion = fusion_of(spec)[1]
         if has_merges(sched):   # IOS's merge stages run as merged kernels, as tvm_interop.compile builds them
             merges = sum(st.strategy == "merge" for st in sched.stages)
             prog, sched = apply_merges(program, sched, target=ctx.target)
@@ -295,10 +299,21 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
                 continue
             log(f"  {name}: {spec}: {len(fused)} of {len(records)} stages fused, "
                 f"{sum(len(r.left) for r in fused)} groups left beside their fused kernel")
+        elif spec.endswith(FLOW):   # runs of whole stages in one persistent launch, blocks waiting on counters
+            from tvm_interop.passes.wave.flow import apply_flow_fusion
+
+            prog, sched, records = apply_flow_fusion(prog, sched, ctx.target, name_prefix=f"{sname}_")
+            runs = [r for r in records if r.units]
+            if not runs:
+                log(f"  {name}: {spec}: no run of stages fused, skipped")
+                continue
+            log(f"  {name}: {spec}: {len(runs)} run(s) of {sum(len(r.stages) for r in runs)} stage(s) "
+                f"({sum(r.members for r in runs)} launches, {sum(r.tasks for r in runs)} blocks) in one launch "
+                f"each; {sum(len(r.stages) for r in records if not r.units)} stage(s) left as scheduled")
         for mode in [m for m in ctx.args.modes.split(",") if m]:
             for sync in _syncs(ctx):
                 for waits in _waits(ctx, mode):
-                    prefix = (f"{sname}{'_wave' if spec.endswith(WAVE) else ''}__{mode}__"
+                    prefix = (f"{sname}{fusion.replace('+', '_')}__{mode}__"
                               f"{'ev__' if sync == 'events' else ''}{'wc__' if waits == 'consumer' else ''}")
                     low = lower_program(prog, sched, ctx.target, max_streams=ctx.args.max_streams, mode=mode,
                                         cuda_graph=True, lift_constants=True, prefix=prefix, sync=sync, waits=waits)
@@ -324,7 +339,7 @@ def _timed_twins(ctx: BuildContext, pending: list[tuple], program) -> dict[str, 
     for spec, mode, prefix, low, sched, recipe in pending:
         # stage mode only (dependency mode has no stage boundary on one stream); not the merged programs of IOS
         # (their merged kernels are not the units the cost tables time) nor wave-fused ones
-        if mode != "stage" or low.sync != "tvm" or spec.endswith(WAVE) or recipe is not None:
+        if mode != "stage" or low.sync != "tvm" or fusion_of(spec)[1] or recipe is not None:
             continue
         timed = lower_program(program, sched, ctx.target, max_streams=ctx.args.max_streams, mode="stage",
                               cuda_graph=False, lift_constants=True, prefix=prefix + "timed__", sync="tvm",

@@ -8,6 +8,16 @@ SCRIPT = os.path.join(REPO, "scripts", "gpu_check.py")
 DEFAULT_DIR = os.path.join(REPO, ".gpu_check")
 SCHEDULERS = ("sequential", "greedy", "lios", "ios", "greedy+wave", "lios+wave")
 WAVE = "+wave"   # scheduler suffix: the schedule with every fusable stage fused into one kernel (passes.wave)
+FLOW = "+flow"   # scheduler suffix: runs of whole stages in one persistent launch (passes.wave.flow; CUDA only)
+FUSIONS = (WAVE, FLOW)
+
+
+def fusion_of(spec: str) -> tuple[str, str]:
+    """``(scheduler, fusion suffix or "")`` of a --schedulers item: ``greedy+flow`` -> ``("greedy", "+flow")``."""
+    for suffix in FUSIONS:
+        if spec.endswith(suffix):
+            return spec[: -len(suffix)], suffix
+    return spec, ""
 CARRY_LIMIT = 60 * 2**20
 FUNC = "__tvm_interop_main"
 

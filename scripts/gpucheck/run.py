@@ -17,7 +17,7 @@ from typing import Any, Callable
 from tvm_interop.runtime.errors import DeviceError
 from tvm_interop.runtime.model import load_tvm_module
 
-from .common import WAVE, derive_weights
+from .common import derive_weights, fusion_of
 from .device import (SourceKernelsError, check_kernels, environment, library_path, open_device,
                      runtime_only_status)
 from .kernel_profile import profile_kernels, profile_timeline
@@ -216,15 +216,16 @@ def _error_text(e: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------- picking
 def _pick_per_scheduler(calls: dict, sync, rounds: int) -> dict:
     """For each scheduler, what the runtime's picker would ship from the candidates a library compiled with it
-    carries (its variants in both modes, direct and CUDA graph, and the sequential ones; for ``X+wave``, also
-    ``X``'s variants: a wave library carries its schedule unfused, ``passes.candidates``), timed interleaved."""
+    carries (its variants in both modes, direct and CUDA graph, and the sequential ones; for ``X+wave`` and
+    ``X+flow``, also ``X``'s variants: a fused library carries its schedule unfused, ``passes.candidates``), timed
+    interleaved."""
     seq = {n: c for n, c in calls.items() if n.startswith("sequential")}
     if not seq or rounds <= 0:
         return {}
     out = {}
     scheds = sorted({n.split(" ")[0] for n in calls} - {"sequential", "plain"})
     for s in scheds:
-        own = {s, s.removesuffix(WAVE)}
+        own = {s, fusion_of(s)[0]}
         mine = {n: c for n, c in calls.items() if n.split(" ")[0] in own}
         out[s] = _interleaved_pick({**mine, **seq}, sync, rounds)
     return out

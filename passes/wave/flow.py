@@ -1,0 +1,527 @@
+"""Flow fusion: a run of whole stages in one persistent CUDA launch whose thread blocks wait only for their producers.
+
+Why: a wave-fused stage (:mod:`passes.wave.cuda`) ends with its launch, so the next stage waits for all of it, and
+with a CUDA graph the multi-stream programs in dependency mode (a kernel waits only for its own producers) beat
+the waves on an H100 and an H200 (``docs/wave_launches.md``). Rammer's answer is one program-wide kernel whose
+blocks are scheduled by data dependencies. Here every kernel launch of every unit in the run is a *member*; the
+members' thread blocks are laid end to end as *tasks*, in the schedule's order (stages, then groups, then each
+chain), and one launch runs them all:
+
+* a block takes the next task from a counter (``atomicAdd``), not from ``blockIdx.x``: tasks are therefore taken
+  in order, so every task a block may wait for has been taken by a block already running. Blocks that wait only
+  for lower-numbered tasks cannot deadlock, however many blocks the GPU holds at once (the argument of CUB's
+  decoupled look-back);
+* before its body, a task whose member has producers in the run waits until each producer's counter holds all of
+  the producer's tasks (thread 0 spins on the counter through an atomic, then fences; the block meets at a barrier);
+* after its body, the block fences its writes and thread 0 adds one to its member's counter.
+
+Each member keeps its own thread-block shape (the block size is that of the members whose threads synchronise, the
+others are repacked, as in a wave). Every member output is an output of the launch (the run's tensors never share
+storage, so no block can overwrite what another still reads). The counters live in an ``int32`` tensor that a
+small kernel of its own zeroes right before the launch (it reads one of the run's inputs, so no compiler pass can
+fold it into a constant and no two runs can share it).
+
+What cannot join a run ends it, with the reason recorded: library calls (no TIR), kernels whose launch shapes are
+not constants, a synchronising launch under a warp or of a block size other than the run's, and static shared
+memory over the 48 KiB a block may declare (counted as the largest member's plus the task slot, as TVM's storage
+planning overlays the members' buffers: checked on the compiled kernels by ``tests/test_flow.py``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+
+import tvm
+from tvm import relax, tirx
+from tvm.tirx import stmt as S
+
+from tvm_interop.runtime.errors import ScheduleError
+
+from ..schedule import Schedule, Stage
+from .cuda import STATIC_SHARED_LIMIT, WARP, Launch, member_stmt
+from .kernel import WaveSignature, fused_params, in_root_block, lower_unit, wave_signature
+from .lowered import LoweredKernel, NotFusable
+from .partition import block_offsets, repack_alignment, repacked_blocks
+
+log = logging.getLogger(__name__)
+
+FLOW_ATTR = "tvm_interop.flow"
+FLOW_CODEGEN = 1     # bump when the same members come to be fused into different code
+MAX_MEMBERS = 512    # launches per run: one counter each, and one branch each in the kernel's task dispatch
+
+
+@dataclass
+class FlowMember:
+    """One kernel launch of a unit in the run: ``deps`` are the members it waits for (indices into the run)."""
+
+    unit: str
+    launch: Launch
+    syncs: bool
+    deps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class FlowLayout:
+    """The run's tasks: member ``m`` owns tasks ``[starts[m], offsets[m] + grids[m])``; the first ``offsets[m] -
+    starts[m]`` of them are alignment blocks that skip the body (:func:`partition.repack_alignment`)."""
+
+    block: int
+    grids: list[int]
+    starts: list[int]
+    offsets: list[int]
+    total: int
+
+    def tasks(self, m: int) -> int:
+        """How many tasks member ``m`` owns: the count its consumers wait for."""
+        return self.offsets[m] + self.grids[m] - self.starts[m]
+
+
+def flow_block_size(members: list[FlowMember]) -> int:
+    """Threads per block of the run: the synchronising members' (one size: :func:`compatible` keeps it so), else
+    the largest member's."""
+    syncing = {m.launch.threads for m in members if m.syncs}
+    if len(syncing) > 1:
+        raise NotFusable(f"synchronising launches of {sorted(syncing)} threads per block in one flow run")
+    return syncing.pop() if syncing else max(m.launch.threads for m in members)
+
+
+def layout(members: list[FlowMember]) -> FlowLayout:
+    """Tasks of ``members`` laid end to end in order (each member's grid, or its threads repacked into the run's
+    blocks, aligned as in a wave)."""
+    block = flow_block_size(members)
+    grids = [m.launch.grid if m.launch.threads == block else repacked_blocks(m.launch.grid, m.launch.threads, block)
+             for m in members]
+    aligns = [1 if m.launch.threads == block else repack_alignment(m.launch.threads, block) for m in members]
+    offsets, total = block_offsets(grids, aligns)
+    starts = [0] + [o + g for o, g in zip(offsets[:-1], grids[:-1])]
+    return FlowLayout(block, grids, starts, offsets, total)
+
+
+def flow_members(program, units: list[str], kernels: dict[str, LoweredKernel]) -> list[FlowMember]:
+    """Every launch of ``units`` (in order) as a member, each waiting for the launch before it in its unit, or,
+    for a unit's first launch, for the last launch of every unit of the run whose output it reads."""
+    last: dict[str, int] = {}
+    members: list[FlowMember] = []
+    inside = set(units)
+    for u in units:
+        kern = kernels[u]
+        producers = sorted({last[r.unit] for r in program.calls[u].args
+                            if r.kind == "unit" and r.unit in inside and r.unit in last})
+        for k, nest in enumerate(kern.nests):
+            deps = producers if k == 0 else [len(members) - 1]
+            members.append(FlowMember(u, nest.stmt, kern.syncs, list(deps)))
+        last[u] = len(members) - 1
+    return members
+
+
+def _flags_index(m: int) -> int:
+    return 1 + m   # flags[0] hands out the tasks; flags[1 + m] counts member m's finished tasks
+
+
+def _atomic_add(flags, index: int, value: int):
+    return tirx.call_extern("int32", "atomicAdd", tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64",
+                                                                                                      index)])),
+                            tirx.IntImm("int32", value))
+
+
+def _fence():
+    return S.Evaluate(tirx.call_extern("int32", "__threadfence"))
+
+
+def _barrier():
+    return S.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", tvm.ir.StringImm("shared")))
+
+
+SPIN_LIMIT = 1 << 16   # polls of a producer's counter (each after ~100 ns asleep) before a block gives up waiting
+SPIN_SLEEP_NS = 100
+
+
+def _wait_for(flags, spin, producer: int, need: int):
+    """Thread 0 polls ``flags[1 + producer]`` until it holds ``need``, sleeping ~100 ns between polls so that
+    waiting blocks do not flood the counters' cache line. Bounded: after :data:`SPIN_LIMIT` polls (tens of ms,
+    far beyond any kernel of the zoo) it stops waiting, so a wrong dependency shows as a wrong output, never as a
+    hung GPU."""
+    zero = tirx.IntImm("int32", 0)
+    more = tirx.And(tirx.LT(_atomic_add(flags, _flags_index(producer), 0), tirx.IntImm("int32", need)),
+                    tirx.LT(tirx.BufferLoad(spin, [tirx.IntImm("int64", 0)]), tirx.IntImm("int32", SPIN_LIMIT)))
+    step = S.SeqStmt([S.Evaluate(tirx.call_extern("int32", "__nanosleep", tirx.IntImm("uint32", SPIN_SLEEP_NS))),
+                      S.BufferStore(spin, tirx.BufferLoad(spin, [tirx.IntImm("int64", 0)]) + 1,
+                                    [tirx.IntImm("int64", 0)])])
+    return S.SeqStmt([S.BufferStore(spin, zero, [tirx.IntImm("int64", 0)]), S.While(more, step)])
+
+
+def _dispatch(branches: list[tuple[int, object]], lo: int, hi: int, key, dtype: str):
+    """A balanced tree of tests on ``key`` choosing among ``branches[lo:hi]`` (each ``(end, stmt)``: the branch
+    runs for ``key`` below ``end`` and at or above the previous end): about log2(n) tests instead of a chain."""
+    if hi - lo == 1:
+        return branches[lo][1]
+    mid = (lo + hi) // 2
+    return S.IfThenElse(tirx.LT(key, tirx.IntImm(dtype, branches[mid - 1][0])),
+                        _dispatch(branches, lo, mid, key, dtype), _dispatch(branches, mid, hi, key, dtype))
+
+
+def flow_launch(members: list[FlowMember], flags, slot, name: str):
+    """The launch statement (see the module docstring): ``flags`` the counter tensor, ``slot`` a one-element
+    shared buffer through which thread 0 hands the block its task. Each member has its own copy of its kernel's
+    code, under a balanced tree of tests on the task. (Members of one kernel function could share one copy that
+    picks its tensors by member, but TVM 0.27's TIR passes refuse a pointer chosen at run time: a ``Bind`` of an
+    ``if_then_else`` of pointers stops ``CompactBufferAllocation``.)"""
+    lay = layout(members)
+    dtype = "int64"
+    c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
+    bx = tirx.Var(f"{name}_bx", dtype)
+    tx = tirx.Var(f"{name}_tx", dtype)
+    task = tirx.Var(f"{name}_task", dtype)
+    spin = tirx.decl_buffer((1,), "int32", name=f"{name}_spin", scope="local")
+    first = tirx.EQ(tx, c(0))
+    branches = []
+    for m, mem in enumerate(members):
+        local_b = task - c(lay.offsets[m]) if lay.offsets[m] else task
+        idle = tirx.GE(task, c(lay.offsets[m])) if lay.offsets[m] > lay.starts[m] else None
+        body = []
+        if mem.deps:
+            waits = [_wait_for(flags, spin, p, lay.tasks(p)) for p in mem.deps]
+            body += [S.IfThenElse(first, S.SeqStmt(waits + [_fence()]), None), _barrier()]
+        body.append(member_stmt(mem.launch, lay.block, local_b, tx, lay.grids[m], idle=idle))
+        # every thread's writes visible device-wide before the member's counter says so
+        body += [_fence(), _barrier(), S.IfThenElse(first, S.Evaluate(_atomic_add(flags, _flags_index(m), 1)), None)]
+        branches.append((lay.offsets[m] + lay.grids[m], S.SeqStmt(body)))
+    claim = S.IfThenElse(first, S.BufferStore(slot, _atomic_add(flags, 0, 1), [c(0)]), None)
+    inner = S.SeqStmt([S.AllocBuffer(slot), S.AllocBuffer(spin), claim, _barrier(),
+                       S.Bind(task, tirx.Cast(dtype, tirx.BufferLoad(slot, [c(0)]))),
+                       _dispatch(branches, 0, len(branches), task, dtype)])
+    tx_iv = tirx.IterVar(tvm.ir.Range(c(0), c(lay.block)), tx, tirx.IterVar.ThreadIndex, "threadIdx.x")
+    bx_iv = tirx.IterVar(tvm.ir.Range(c(0), c(lay.total)), bx, tirx.IterVar.ThreadIndex, "blockIdx.x")
+    return S.AttrStmt(bx_iv, "thread_extent", c(lay.total), S.AttrStmt(tx_iv, "thread_extent", c(lay.block), inner))
+
+
+@dataclass
+class FlowKernel:
+    """A built flow run: the PrimFunc (parameters: the run's inputs, the counters, every member output), its
+    signature, the counter count, and the members' layout."""
+
+    func: tirx.PrimFunc
+    signature: WaveSignature
+    num_flags: int
+    members: list[FlowMember]
+    layout: FlowLayout
+
+
+def build_flow_kernel(program, units: list[str], target, kernels: dict[str, LoweredKernel]) -> FlowKernel:
+    """Fuse ``units`` (whole stages, in the schedule's order) into one flow launch (``kernels``: each unit's own
+    lowered kernel)."""
+    sig = wave_signature(program, [list(units)])
+    members = flow_members(program, units, kernels)
+    if len(members) > MAX_MEMBERS:
+        raise NotFusable(f"{len(members)} launches, over the {MAX_MEMBERS} a flow run may hold")
+    flags = tirx.decl_buffer((len(members) + 1,), "int32", name="flow_flags")
+    params, prologue = fused_params(program, sig, kernels, extra_inputs=[flags])
+    slot = tirx.decl_buffer((1,), "int32", name="flow_task", scope="shared")
+    decls = [d for u in units for d in kernels[u].decls]
+    launch = flow_launch(members, flags, slot, "flow")
+    first = kernels[units[0]].func
+    attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}
+    attrs.update({"tirx.is_scheduled": True, "tirx.noalias": True,
+                  FLOW_ATTR: json.dumps({"units": list(units), "members": len(members), "codegen": FLOW_CODEGEN})})
+    func = tirx.PrimFunc(params, S.SeqStmt(list(prologue) + decls + [launch]),
+                         attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
+    return FlowKernel(in_root_block(func), sig, len(members) + 1, members, layout(members))
+
+
+def zero_flags_func(like: relax.Expr, n: int) -> tirx.PrimFunc:
+    """A kernel that writes ``n`` zeros: the counters of one run. It takes the tensor ``like`` (one of the run's
+    inputs, which it does not read) so that no pass can evaluate it at compile time into a constant that every
+    call would then share."""
+    from tvm import te
+
+    shape = [int(d) for d in like.ty.shape]
+    dummy = te.placeholder(shape, str(like.ty.dtype), name="flow_after")
+    zeros = te.compute((n,), lambda i: tirx.IntImm("int32", 0), name="flow_zero")
+    return te.create_prim_func([dummy, zeros]).without_attr("global_symbol")
+
+
+@dataclass
+class FlowRecord:
+    """What happened to the run of stages ``stages`` (or to a stage left out of every run)."""
+
+    stages: list[int]
+    units: list[str] = field(default_factory=list)
+    members: int = 0
+    tasks: int = 0
+    block: int = 0
+    unit: str = ""       # the fused unit's name in the new program
+    reasons: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"stages": self.stages, "units": self.units, "members": self.members, "tasks": self.tasks,
+                "block": self.block, "unit": self.unit, "reasons": self.reasons}
+
+
+def _stage_units(st: Stage) -> list[str]:
+    return [u for g in st.groups for u in g]
+
+
+class _Run:
+    """A run being grown stage by stage: its stages, units and the block-size constraint so far."""
+
+    def __init__(self):
+        self.stages: list[int] = []
+        self.units: list[str] = []
+        self.sync_block: int | None = None
+        self.shared = 0
+        self.launches = 0
+
+    def admits(self, kernels: list[LoweredKernel]) -> str | None:
+        """Why the stage whose kernels are ``kernels`` cannot join this run (None: it can)."""
+        block = self.sync_block
+        for k in kernels:
+            for n in k.nests:
+                if k.syncs and block is not None and n.stmt.threads != block:
+                    return (f"{k.name}: its threads synchronise in blocks of {n.stmt.threads}, the run's in blocks "
+                            f"of {block}")
+                if k.syncs:
+                    block = n.stmt.threads
+        if max([self.shared] + [k.shared_bytes for k in kernels]) + 4 > STATIC_SHARED_LIMIT:
+            return f"static shared memory over the {STATIC_SHARED_LIMIT} bytes a block may declare"
+        if self.launches + sum(len(k.nests) for k in kernels) > MAX_MEMBERS:
+            return f"over {MAX_MEMBERS} launches in one run"
+        return None
+
+    def add(self, si: int, units: list[str], kernels: list[LoweredKernel]) -> None:
+        self.stages.append(si)
+        self.units += units
+        for k in kernels:
+            if k.syncs and k.nests:
+                self.sync_block = k.nests[0].stmt.threads
+            self.shared = max(self.shared, k.shared_bytes)
+            self.launches += len(k.nests)
+
+
+def lower_flow_unit(program, unit: str, target, scheduled: dict | None = None) -> LoweredKernel:
+    """The unit's kernel lowered as for a wave (:func:`kernel.lower_unit`), with its virtual threads expanded first
+    (TVM's ``InjectVirtualThread``, run on the member alone): in the fused kernel that pass would otherwise take in
+    the run's dispatch and its spin loops, which it refuses ("WhileNode in InjectVirtualThread not supported").
+    ``scheduled``: the kernel functions already scheduled as the build schedules them, by name (scheduling is
+    the costly part and the same for every unit of a function; the lowering after it renews every variable, so
+    each unit gets a copy of its own)."""
+    from tvm import s_tir
+
+    from ..cuda_build import scheduled_as_built
+    from .cuda import split_cuda, sync_passes
+    from .lowered import lower
+
+    call = program.calls[unit]
+    if call.is_library:
+        return lower_unit(program, unit, target)   # raises NotFusable with the reason
+    scheduled = {} if scheduled is None else scheduled
+    if call.func_name not in scheduled:
+        scheduled[call.func_name] = scheduled_as_built(program.mod[call.func_name], target)
+    return split_cuda(unit, lower(scheduled[call.func_name], target,
+                                  [s_tir.transform.InjectVirtualThread()] + sync_passes()))
+
+
+def _unit_kernel(program, u: str, target, cache: dict, by_func: dict) -> LoweredKernel:
+    """``u``'s lowered kernel (its own copy), the function scheduled once (``by_func``); :class:`NotFusable`,
+    remembered per function, when it cannot join a run."""
+    if u not in cache:
+        func = program.calls[u].func_name
+        if isinstance(by_func.get(("why", func)), NotFusable):
+            raise by_func[("why", func)]
+        try:
+            kern = lower_flow_unit(program, u, target, by_func)
+            for n in kern.nests:
+                if kern.syncs and n.stmt.threads < WARP:
+                    raise NotFusable(f"{u}: its threads synchronise in blocks of {n.stmt.threads}, under a warp",
+                                     unit=u)
+        except NotFusable as why:
+            by_func[("why", func)] = why
+            raise
+        cache[u] = kern
+    return cache[u]
+
+
+def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord], dict[str, LoweredKernel]]:
+    """Runs of consecutive whole stages that can share one flow launch (two or more launches each), and a record
+    for every stage left out, with the reason; also the units' lowered kernels."""
+    cache: dict[str, LoweredKernel] = {}
+    by_func: dict = {}
+    records: list[FlowRecord] = []
+    run = _Run()
+
+    def close():
+        nonlocal run
+        if run.launches >= 2:
+            records.append(FlowRecord(list(run.stages), list(run.units)))
+        elif run.stages:
+            records.append(FlowRecord(list(run.stages), reasons=["a run of one launch: nothing to fuse"]))
+        run = _Run()
+
+    for si, st in enumerate(schedule.stages):
+        units = _stage_units(st)
+        try:
+            kernels = [_unit_kernel(program, u, target, cache, by_func) for u in units]
+        except NotFusable as why:
+            close()
+            records.append(FlowRecord([si], reasons=[str(why)]))
+            continue
+        why = run.admits(kernels)
+        if why is not None:
+            close()
+            why = run.admits(kernels)
+            if why is not None:
+                records.append(FlowRecord([si], reasons=[why]))
+                continue
+        run.add(si, units, kernels)
+    close()
+    return records, cache
+
+
+def _dummy_arg(program, sig: WaveSignature, bb_values: dict, var_of: dict, params: list):
+    """The expression of a run input that is not a constant (a model input or a unit output), for the zeroing
+    kernel to take."""
+    for ref in sig.inputs:
+        if ref.kind == "unit":
+            return var_of[ref.unit] if not ref.index and not isinstance(var_of[ref.unit].ty, relax.TupleType) \
+                else relax.TupleGetItem(var_of[ref.unit], ref.index)
+        if ref.kind == "input":
+            return params[ref.index]
+    raise NotFusable("every input of the run is a constant: nothing the zeroing kernel can wait for")
+
+
+def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> tuple[tvm.IRModule, list[str],
+                                                                                       list[str]]:
+    """``program.mod`` with each run's units replaced by a zeroing call and one flow call; returns (module, flow
+    call var names, zeroing var names)."""
+    from .apply import _topological, _unique
+
+    mod = program.mod
+    main = mod["main"]
+    taken = {p.name for p in main.params} | set(program.graph.index)
+    for block in main.body.blocks:
+        taken.update(b.var.name for b in block.bindings)
+    bb = relax.BlockBuilder(mod)
+    var_of = {n: uc.binding_var for n, uc in program.calls.items()}
+    value_of = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    block_of = {b.var: bi for bi, block in enumerate(main.body.blocks) for b in block.bindings}
+    names, zero_names = [], []
+    replacement: dict = {}
+    gone: set = set()
+    for k, kern in enumerate(kernels):
+        sig = kern.signature
+        unit_vars = [var_of[u] for u in sig.units]
+        blocks = {block_of[v] for v in unit_vars}
+        if len(blocks) != 1:
+            raise NotFusable("the run's units are in different binding blocks of main")
+        (bi,) = blocks
+        dataflow = isinstance(main.body.blocks[bi], relax.DataflowBlock)
+        var_cls = relax.DataflowVar if dataflow else relax.Var
+        args = []
+        for ref in sig.inputs:
+            for u in sig.units:
+                call = program.calls[u]
+                if ref in call.args:
+                    args.append(value_of[var_of[u]].args[1].fields[call.args.index(ref)])
+                    break
+        dummy = _dummy_arg(program, sig, value_of, var_of, list(main.params))
+        dummy = bb.normalize(dummy)
+        zgv = bb.add_func(zero_flags_func(dummy, kern.num_flags), f"{name_prefix}flow_zero_{sig.units[0]}")
+        zname = _unique(f"flow{k}_flags", taken)
+        zcall = bb.normalize(relax.call_tir(zgv, [dummy], relax.TensorType((kern.num_flags,), "int32")))
+        zvar = var_cls(zname, zcall.ty)
+        gv = bb.add_func(kern.func, f"{name_prefix}flow_{sig.units[0]}")
+        out_sinfo = [relax.TensorType(list(program.calls[u].outputs[i].shape), program.calls[u].outputs[i].dtype)
+                     for u, i in sig.outputs]
+        name = _unique(f"flow{k}_{sig.units[0]}", taken)
+        call = bb.normalize(relax.call_tir(gv, args + [zvar], out_sinfo))
+        fused_var = var_cls(name, call.ty)
+        new = [relax.VarBinding(zvar, zcall), relax.VarBinding(fused_var, call)]
+        for u in sig.units:
+            idx = [j for j, (uu, _) in enumerate(sig.outputs) if uu == u]
+            var = var_of[u]
+            items = [relax.TupleGetItem(fused_var, j) for j in idx]
+            value = items[0] if not isinstance(var.ty, relax.TupleType) else relax.Tuple(items)
+            new.append(relax.VarBinding(var, bb.normalize(value)))
+            gone.add(var)
+        replacement.setdefault(bi, []).append((unit_vars, new))
+        names.append(name)
+        zero_names.append(zname)
+    new_blocks = []
+    for bi, block in enumerate(main.body.blocks):
+        kept = [b for b in block.bindings if b.var not in gone]
+        order = {b.var: i for i, b in enumerate(block.bindings)}
+        bindings = list(kept)
+        first = {i: order[b.var] for i, b in enumerate(kept)}
+        for unit_vars, new in replacement.get(bi, []):
+            at = min(order[v] for v in unit_vars)
+            for b in new:
+                first[len(bindings)] = at
+                bindings.append(b)
+        new_blocks.append(type(block)(_topological(bindings, first)))
+    new_main = relax.Function(main.params, relax.SeqExpr(new_blocks, main.body.body), main.ret_ty, main.is_pure,
+                              main.attrs)
+    out = tvm.IRModule(dict(bb.get().functions), attrs=mod.attrs)
+    out["main"] = new_main
+    return relax.transform.Normalize()(out), names, zero_names
+
+
+def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""):
+    """Fuse every run of consecutive stages that can share a flow launch (CUDA targets only).
+
+    Returns ``(new_program, new_schedule, records)``: each run's stages become one stage of one group (the zeroing
+    kernel, then the flow launch); stages left out keep their groups. ``schedule.options["flow"]`` records every
+    run and every stage left out, with the reason."""
+    from ..extract import extract
+    from ..target import normalize_target
+
+    target = normalize_target(target)
+    if target.kind.name != "cuda":
+        raise ScheduleError(f"flow fusion builds one persistent CUDA launch; the target is {target.kind.name}")
+    schedule.validate(program.graph)
+    records, cache = plan_flow_runs(program, schedule, target)
+    kernels, runs = [], []
+    for rec in records:
+        if not rec.units:
+            continue
+        try:
+            kern = build_flow_kernel(program, rec.units, target, cache)
+        except NotFusable as why:
+            rec.reasons.append(str(why))
+            rec.units = []
+            continue
+        rec.members, rec.tasks, rec.block = len(kern.members), kern.layout.total, kern.layout.block
+        kernels.append(kern)
+        runs.append(rec)
+    for rec in records:
+        for r in rec.reasons:
+            log.info("flow fusion, stage(s) %s: %s", rec.stages, r)
+    out = replace(schedule, options=dict(schedule.options), search=dict(schedule.search))
+    if not kernels:
+        out.options["flow"] = [r.to_json() for r in records]
+        return program, out, records
+    new_mod, names, zero_names = splice_flows(program, kernels, name_prefix)
+    new_program = extract(new_mod, name=program.graph.name, known_constants=program.const_exprs)
+    by_var = {uc.binding_var: n for n, uc in new_program.calls.items()}
+    by_name = {uc.binding_var.name: n for n, uc in new_program.calls.items()}   # the new calls' names are unique
+    rename = {n: by_var[uc.binding_var] for n, uc in program.calls.items() if uc.binding_var in by_var}
+    run_at = {}
+    for rec, name, zname in zip(runs, names, zero_names):
+        rec.unit = by_name[name]
+        run_at[rec.stages[0]] = (rec, by_name[zname])
+    fused_stages = {si for rec in runs for si in rec.stages}
+    stages_out = []
+    for si, st in enumerate(schedule.stages):
+        if si in run_at:
+            rec, zero = run_at[si]
+            stages_out.append(Stage([[zero, rec.unit]], st.strategy))
+        elif si not in fused_stages:
+            stages_out.append(Stage([[rename[u] for u in g] for g in st.groups], st.strategy, st.predicted_latency,
+                                    st.measured_latency))
+    out = replace(out, stages=stages_out, graph_fingerprint=new_program.graph.fingerprint(),
+                  units=[{"name": u.name, "kind": u.kind, "func": u.func_name} for u in new_program.graph.units],
+                  unit_devices={})
+    out.options["flow"] = [r.to_json() for r in records]
+    out.validate(new_program.graph)
+    log.info("flow fusion: %d run(s) of %d stage(s) in one launch each", len(runs),
+             sum(len(r.stages) for r in runs))
+    return new_program, out, records

@@ -1,0 +1,242 @@
+"""Flow fusion (passes.wave.flow): runs of whole stages in one persistent CUDA launch whose blocks take their
+tasks in order from a counter and wait only for their producers' counters.
+
+Checked here without a GPU: the task layout and the dependencies on random and real members; the fused launch
+emulated block by block on the CPU (the counters as plain integers, every wait turned into an assertion that its
+producers are done) computes what the model computes; the runs stop where a member cannot join, with the
+reason; the fused kernels of every zoo model compile with nvcc and the program passes the as-built memory check.
+Whether the device runs them right and fast is for ``scripts/gpu_check.sh`` (variants ``X+flow``)."""
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import tvm
+from tvm.tirx import stmt as S
+
+import tvm_interop
+from tvm_interop.api import prepare_program
+from tvm_interop.models import get_model, small_config
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.passes.target import normalize_target
+from tvm_interop.passes.wave import flow as F
+from tvm_interop.passes.wave.lowered import rebuild
+from tvm_interop.runtime.errors import ScheduleError
+
+CUDA = "cuda -arch=sm_90"
+needs_nvcc = pytest.mark.skipif(not any(os.path.exists(p) for p in ("/usr/local/bin/nvcc", "/usr/local/cuda/bin/nvcc"))
+                                and not os.environ.get("CUDA_HOME"), reason="the CUDA build needs nvcc")
+
+
+@dataclass
+class _Shape:
+    """A launch's shape, all that the task layout reads of it."""
+
+    threads: int
+    grid: int
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_layout_gives_every_member_its_tasks_once_in_order(seed):
+    rng = random.Random(seed)
+    block = rng.choice([64, 128, 256])
+    members = []
+    for _ in range(rng.randint(1, 12)):
+        syncs = rng.random() < 0.5
+        threads = block if syncs else rng.choice([32, 96, 128, 256, 1024])
+        members.append(F.FlowMember(f"u{len(members)}", _Shape(threads, rng.randint(1, 40)), syncs))
+    if not any(m.syncs for m in members):
+        block = max(m.launch.threads for m in members)
+    lay = F.layout(members)
+    assert lay.block == block
+    owner = []
+    for m, mem in enumerate(members):
+        assert lay.starts[m] == (lay.offsets[m - 1] + lay.grids[m - 1] if m else 0)   # contiguous, in order
+        assert lay.offsets[m] >= lay.starts[m]
+        assert lay.grids[m] * lay.block >= mem.launch.grid * mem.launch.threads   # every member thread has a slot
+        if mem.launch.threads == block:
+            assert lay.grids[m] == mem.launch.grid and lay.offsets[m] == lay.starts[m]
+        else:   # a repacked member starts at a whole block of its own (partition.repack_alignment)
+            assert lay.offsets[m] * block % mem.launch.threads == 0
+        owner += [m] * lay.tasks(m)
+    assert len(owner) == lay.total == lay.offsets[-1] + lay.grids[-1]
+    assert owner == sorted(owner)
+
+
+def test_synchronising_members_of_two_block_sizes_are_refused():
+    with pytest.raises(F.NotFusable, match=r"\[64, 128\] threads per block"):
+        F.layout([F.FlowMember("a", _Shape(128, 4), True), F.FlowMember("b", _Shape(64, 4), True)])
+
+
+def _program(name: str, **cfg):
+    target = normalize_target(CUDA)
+    cfg = cfg or small_config(name)
+    return prepare_program(get_model(name, **cfg), target, name=name), target
+
+
+@needs_nvcc
+def test_members_wait_for_the_last_launch_of_each_producer_in_the_run():
+    program, target = _program("squeezenet")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet")
+    records, kernels = F.plan_flow_runs(program, sched, target)
+    runs = [r for r in records if r.units]
+    assert runs and all(len(r.units) >= 2 for r in runs)
+    for r in runs:
+        members = F.flow_members(program, r.units, kernels)
+        last = {}
+        for i, m in enumerate(members):
+            assert all(d < i for d in m.deps)   # tasks are taken in order: a wait is always on an earlier member
+            producers = {last[a.unit] for a in program.calls[m.unit].args if a.kind == "unit" and a.unit in last}
+            first_launch = i == 0 or members[i - 1].unit != m.unit
+            assert set(m.deps) == (producers if first_launch else {i - 1})
+            last[m.unit] = i
+    # every stage is in exactly one run or left out with its reason
+    seen = sorted(si for r in records for si in r.stages)
+    assert seen == list(range(len(sched.stages)))
+    assert all(r.reasons for r in records if not r.units)
+
+
+# ----------------------------------------------------------------------- the launch emulated on the CPU
+def _atomic(value):
+    """(flags buffer, index, added) of an ``atomicAdd(&flags[i], v)`` call, else None."""
+    if isinstance(value, tvm.ir.Call) and value.op.name == "tirx.call_extern" and value.args[0].value == "atomicAdd":
+        load = value.args[1].args[0]
+        return load.source, load.indices[0], value.args[2]
+    return None
+
+
+def _extern_name(stmt) -> str | None:
+    v = stmt.value if isinstance(stmt, S.Evaluate) else None
+    if isinstance(v, tvm.ir.Call) and v.op.name == "tirx.call_extern":
+        return v.args[0].value
+    if isinstance(v, tvm.ir.Call) and v.op.name == "tirx.tvm_storage_sync":
+        return "__syncthreads"
+    return None
+
+
+def _emulated(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """The flow launch as a CPU function: blocks then threads as serial loops, so tasks are taken in block order;
+    the counters plain integers; every wait an assertion that its producer's counter is complete (in this order
+    a correct layout never waits); fences, sleeps and barriers dropped. Exact for members whose threads do not
+    synchronise."""
+    def emulate(s):
+        if isinstance(s, S.AttrStmt) and s.attr_key == "thread_extent":
+            v = s.node.var
+            return S.For(v, tvm.tirx.IntImm(v.ty.dtype, 0), tvm.tirx.Cast(v.ty.dtype, s.value), S.ForKind.SERIAL,
+                         s.body)
+        if _extern_name(s) in ("__threadfence", "__nanosleep", "__syncthreads"):
+            return S.Evaluate(tvm.tirx.IntImm("int32", 0))
+        if isinstance(s, S.Evaluate) and _atomic(s.value):   # a member's counter: one more task done
+            buf, i, v = _atomic(s.value)
+            return S.BufferStore(buf, tvm.tirx.BufferLoad(buf, [i]) + v, [i])
+        if isinstance(s, S.BufferStore) and _atomic(s.value):   # thread 0 takes the next task
+            buf, i, v = _atomic(s.value)
+            return S.SeqStmt([S.BufferStore(s.buffer, tvm.tirx.BufferLoad(buf, [i]), s.indices),
+                              S.BufferStore(buf, tvm.tirx.BufferLoad(buf, [i]) + v, [i])])
+        if isinstance(s, S.While):   # the wait: its producer must be complete already
+            buf, i, _ = _atomic(s.condition.a.a)
+            need = s.condition.a.b
+            # (TVM 0.27's Python signature names kind first; its constructor takes the condition first)
+            return S.AssertStmt(tvm.tirx.GE(tvm.tirx.BufferLoad(buf, [i]), need), tvm.ir.StringImm("RuntimeError"),
+                                [tvm.ir.StringImm("a task ran before its producer was done")])
+        return s
+
+    return (func.with_body(rebuild(func.body, emulate)).with_attr("target", tvm.target.Target({"kind": "llvm"}))
+            .with_attr("global_symbol", "main"))
+
+
+def _pools_and_adds():
+    """Element-wise kernels and max pools only (none of whose threads synchronise, so the emulation is exact; TVM's
+    CUDA average pools, and a pool fused with an add of two inputs, reduce across threads), of different block
+    sizes, in two branches that meet: x -> {relu, -x -> relu} -> max pool (one kernel function, two members that
+    share its code) -> (add -> max pool, multiply). Each pool output is read twice and the model returns both
+    ends, so the compiler fuses no pool with an add."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 24, 20, 20), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            r = bb.emit(relax.op.nn.relu(x))
+            n = bb.emit(relax.op.nn.relu(relax.op.negative(x)))
+            a = bb.emit(relax.op.nn.max_pool2d(r, pool_size=3, strides=1, padding=1))
+            b = bb.emit(relax.op.nn.max_pool2d(n, pool_size=3, strides=1, padding=1))
+            c = bb.emit(relax.op.nn.max_pool2d(relax.op.add(a, b), pool_size=2, strides=2))
+            d = bb.emit(relax.op.multiply(a, b))
+            out = bb.emit_output(relax.Tuple([c, d]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("scheduler", ["sequential", "greedy"])
+def test_flow_launch_emulated_on_the_cpu_computes_the_model(scheduler):
+    mod = _pools_and_adds()
+    target = normalize_target(CUDA)
+    program = prepare_program(mod, target, name="pools")
+    sched = schedule_graph(program.graph, scheduler, "sim:h100")
+    new_prog, new_sched, records = F.apply_flow_fusion(program, sched, target)
+    (run,) = [r for r in records if r.units]
+    assert run.stages == list(range(len(sched.stages))) and run.members >= len(program.graph.units)
+    kern_name = next(uc.func_name for uc in new_prog.calls.values() if uc.binding_var.name.startswith("flow0_pools")
+                     or F.FLOW_ATTR in (new_prog.mod[uc.func_name].attrs or {}))
+    func = new_prog.mod[kern_name]
+    members = F.flow_members(program, run.units, F.plan_flow_runs(program, sched, target)[1])
+    assert len({m.launch.threads for m in members}) >= 2, "the case needs members of different block sizes"
+    lib = tvm.tirx.build(tvm.IRModule({"main": _emulated(func)}), target=tvm.target.Target({"kind": "llvm"}))
+    x = np.random.default_rng(0).standard_normal((1, 24, 20, 20)).astype("float32")
+    args = [np.zeros([int(d) for d in p.shape], str(p.dtype)) for p in func.params]
+    names = [p.name for p in func.params]
+    assert names[:2] == ["wave_in0", "flow_flags"]   # the run's one input, then the counters
+    args[0] = x
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    lib["main"](*tensors)
+    sig = F.wave_signature(program, [run.units])
+    outputs = dict(zip(sig.outputs, [t.numpy() for t in tensors[-len(sig.outputs):]]))
+    c, d = tvm_interop.run_reference(mod, [x])
+    unit_of = {program.calls[u].func_name: u for u in run.units}
+    assert len(unit_of) < len(run.units)   # two members of one kernel function, each its own copy
+    np.testing.assert_allclose(outputs[(unit_of["max_pool2d1"], 0)], c, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outputs[(unit_of["multiply"], 0)], d, rtol=1e-6, atol=1e-6)
+    flags = tensors[1].numpy()
+    assert flags[0] == run.tasks   # every task taken once
+    assert list(flags[1:]) == [F.layout(members).tasks(m) for m in range(len(members))]
+
+
+@needs_nvcc
+def test_a_cpu_target_is_refused():
+    program, _ = _program("squeezenet")
+    sched = schedule_graph(program.graph, "sequential", "sim:h100")
+    with pytest.raises(ScheduleError, match="persistent CUDA launch"):
+        F.apply_flow_fusion(program, sched, "llvm")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["squeezenet", "randwire", "nasnet_a_mobile", "inception_v3"])
+def test_zoo_flow_kernels_compile_and_the_program_passes_the_as_built_check(name):
+    """Every run's kernel compiles with nvcc (one persistent launch each, counters taken and waited on through
+    atomics); the program that calls them (the zeroing kernel, then the launch) passes the stream memory check on
+    the IR the build compiles. (Numerics need a GPU: gpu_check's ``X+flow`` variants.)"""
+    import re
+
+    from tvm_interop.passes.as_built import check_lowered
+    from tvm_interop.passes.lower_streams import lower_program
+
+    program, target = _program(name)
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name=name)
+    new_prog, new_sched, records = F.apply_flow_fusion(program, sched, target)
+    runs = [r for r in records if r.units]
+    assert runs, [r.reasons for r in records]
+    flows = {gv.name_hint: f.with_attr("global_symbol", gv.name_hint) for gv, f in new_prog.mod.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and F.FLOW_ATTR in f.attrs}
+    assert len(flows) == len(runs)
+    lib = tvm.tirx.build(tvm.IRModule(flows), target=target)
+    source = lib.imports[0].inspect_source()
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+    assert len(kernels) == len(runs)   # one launch per run
+    assert source.count("atomicAdd") >= 2 * len(runs)   # each run: tasks taken, tasks counted
+    low = lower_program(new_prog, new_sched, target)
+    report = check_lowered(low.mod, target)
+    assert report.ok, report.summary()
+    assert sum(len(r.stages) for r in records) == len(sched.stages)
