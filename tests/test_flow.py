@@ -240,3 +240,23 @@ def test_zoo_flow_kernels_compile_and_the_program_passes_the_as_built_check(name
     report = check_lowered(low.mod, target)
     assert report.ok, report.summary()
     assert sum(len(r.stages) for r in records) == len(sched.stages)
+
+
+@needs_nvcc
+def test_cuda_library_with_flow_runs_builds():
+    """A whole library with flow runs (the zeroing kernels scheduled as the build schedules any kernel, the flow
+    launches compiled to binaries by nvcc) builds through the product's build, its memory check included."""
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
+
+    program, target = _program("squeezenet")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet")
+    new_prog, new_sched, records = F.apply_flow_fusion(program, sched, target)
+    runs = [r for r in records if r.units]
+    assert runs
+    zeros = [n for n, uc in new_prog.calls.items() if uc.binding_var.name.endswith("_flags")]
+    assert len(zeros) == len(runs)
+    assert all(st.groups[0][0] in zeros for st in new_sched.stages if len(st.groups[0]) == 2)
+    plan = make_plan(new_prog, new_sched)
+    build_library(new_prog, new_sched, plan, target)
+    assert plan.meta["memory_check"].startswith("as-built")

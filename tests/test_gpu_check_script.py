@@ -1004,3 +1004,34 @@ def test_targets_geomean_and_wave_when_every_model_ran():
     wv = targets.wave_over_streams(result)["randwire"]
     assert wv["speedup"] == pytest.approx(1.25) and wv["met"] and wv["streams"] == "ios"
     assert "Geomean 1.50x (target 1.6x: not met; ios alone 1.41x)" in "\n".join(targets.render_targets(result))
+
+
+def test_flow_variants_count_as_fused_for_issue_15_and_never_as_streams():
+    """Illustrative numbers (not a measurement): a ``greedy+flow`` variant (passes.wave.flow) is a fused variant
+    against the best multi-stream one, and the fastest of the fused ones counts; ``greedy+flow (dependency)`` is
+    not a multi-stream variant even though its name starts with greedy."""
+    from gpucheck import targets
+    from gpucheck.common import fusion_of
+
+    vs = [{"name": "sequential", "median_ms": 2.0, "ok": True},
+          {"name": "greedy (dependency)", "median_ms": 1.0, "ok": True},
+          {"name": "greedy+wave", "median_ms": 0.9, "ok": True},
+          {"name": "greedy+flow (dependency)", "median_ms": 0.5, "ok": True},
+          {"name": "greedy+flow", "median_ms": 0.4, "ok": False}]   # a wrong output never counts
+    wv = targets.wave_over_streams({"models": [{"name": "randwire", "variants": vs}]})["randwire"]
+    assert (wv["wave"], wv["streams"]) == ("greedy+flow (dependency)", "greedy (dependency)")
+    assert wv["speedup"] == pytest.approx(2.0) and wv["met"]
+    assert [fusion_of(s) for s in ("greedy+flow", "lios+wave", "ios")] == [("greedy", "+flow"), ("lios", "+wave"),
+                                                                           ("ios", "")]
+
+
+def test_flow_variants_are_left_out_of_a_cpu_dry_run(tmp_path):
+    """``--schedulers greedy+flow`` on the CPU dry run: flow fusion builds a persistent CUDA launch, so the dry run
+    says so and builds the rest."""
+    d = str(tmp_path / "build")
+    r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy+flow", "--modes", "stage")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "greedy+flow: flow fusion builds a persistent CUDA launch; not on a CPU dry run, skipped" in r.stderr
+    names = {v["name"] for v in json.load(open(os.path.join(d, "manifest.json")))["models"][0]["variants"]}
+    assert "sequential" in names and not any("flow" in n for n in names)
