@@ -38,6 +38,14 @@
 #   geomean  the four models of issue 12's geomean target (Inception-v3, RandWire, NASNet-A-large, SqueezeNet)
 #            with sequential, greedy, lios and ios in both modes, with and without CUDA graph: one build, so the
 #            run also re-measures the target (H200 geomean run: 1.57x; target 1.6x).
+#   flow     issue 15: RandWire and NASNet-A-mobile with greedy's stages run as flow launches (passes/wave/flow.py:
+#            runs of whole stages in one persistent launch, each block waiting only for its producers' counters)
+#            beside the same schedule as waves and as streams: does a launch without barriers between stages beat
+#            the dependency-mode CUDA graphs that beat the waves (0.96x / 0.87x on an H100)? Its own build
+#            directory (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here: randwire's one run
+#            of 274 launches is 17.6 MB of CUDA, 11 min to compile), its own output (run/flow), measured after
+#            the rest under a timeout: a wait that never ends gives up after 2^16 polls (a wrong output, not a
+#            hung GPU), and the timeout bounds what is left.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
 #            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
@@ -47,6 +55,8 @@ cd "$(dirname "$0")/.."
 step="${1:-}"
 shift || true
 BUILD="${GPU_EXPERIMENTS_BUILD:-.gpu_check_exp}"
+FLOW="${GPU_EXPERIMENTS_FLOW:-.gpu_check_exp_flow}"
+FLOW_MODELS=randwire,nasnet_a_mobile
 ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-.active_nasnet_large_twins}"
 # the round a run measures: the highest-numbered round-K of the search (the one `finish` has not imported yet)
 latest_round() {
@@ -81,7 +91,7 @@ exclude() {
 
 case "$step" in
   build)
-    exclude "$BUILD"; exclude "$ACTIVE"
+    exclude "$BUILD"; exclude "$ACTIVE"; exclude "$FLOW"
     S="$BUILD/schedules"
     mkdir -p "$S"
     SCHEDULES=()
@@ -107,12 +117,17 @@ case "$step" in
         -o "$ACTIVE/shipped.json" || [ -d "$ACTIVE/round-1" ]
     fi
     [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
-    du -sh "$BUILD" "$ACTIVE"
+    GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
+      --schedulers sequential,greedy,greedy+wave,greedy+flow --cudnn ''
+    du -sh "$BUILD" "$ACTIVE" "$FLOW"
     echo "carry: $("$0" carry)"
     ;;
   carry)
     ROUND="$(pending_round)"
-    if [ -n "$ROUND" ]; then echo "[\"$BUILD\", \"$ROUND\"]"; else echo "[\"$BUILD\"]"; fi
+    out="\"$BUILD\""
+    [ -z "$ROUND" ] || out="$out, \"$ROUND\""
+    [ ! -f "$FLOW/manifest.json" ] || out="$out, \"$FLOW\""
+    echo "[$out]"
     ;;
   run)
     O="${OUT:-gpu_experiments_out}"
@@ -131,6 +146,10 @@ case "$step" in
       --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
       --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" --timeline "pairs + CUDA graph" \
       "$@" || status=1
+    if [ -f "$FLOW/manifest.json" ]; then
+      GPU_CHECK_DIR="$FLOW" OUT="$O/flow" timeout "${GPU_EXPERIMENTS_FLOW_TIMEOUT:-240}" bash scripts/gpu_check.sh run \
+        --repeat 50 --warmup 5 --pick-rounds 0 --no-kernel-profile || status=1
+    fi
     exit "$status"
     ;;
   finish)
@@ -142,6 +161,9 @@ case "$step" in
     if [ -f "$F/active/costs.json" ]; then
       "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
         -o "$ACTIVE/shipped.json"
+    fi
+    if [ -f "$F/flow/gpu_check.json" ]; then
+      bash scripts/gpu_check.sh report "$F/flow/gpu_check.json" --name "${NAME}_flow"
     fi
     "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches --block-sim \
       $(for f in "$BUILD"/schedules/*.json; do b="${f##*/}"; b="${b%.json}"; echo "--schedule ${b%%.*}:${b#*.}=$f"; done) \
