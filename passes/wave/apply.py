@@ -147,71 +147,101 @@ def _topological(bindings: list, first: dict) -> list:
     return out
 
 
-def splice_waves(program, kernels: list[WaveKernel], name_prefix: str = "") -> tuple[tvm.IRModule, list[str]]:
-    """``program.mod`` with each kernel's units replaced by one call of it; returns (module, fused var names)."""
-    mod = program.mod
-    main = mod["main"]
-    taken = {p.name for p in main.params} | set(program.graph.index)
-    for block in main.body.blocks:
-        taken.update(b.var.name for b in block.bindings)
-    bb = relax.BlockBuilder(mod)
-    var_of = {n: uc.binding_var for n, uc in program.calls.items()}
-    value_of = {b.var: b.value for block in main.body.blocks for b in block.bindings}
-    block_of = {b.var: bi for bi, block in enumerate(main.body.blocks) for b in block.bindings}
-    names = []
-    replacement: dict = {}   # block index -> [(position key, [bindings])]
-    gone: set = set()
-    for k, kern in enumerate(kernels):
-        sig = kern.signature
-        unit_vars = [var_of[u] for u in sig.units]
-        blocks = {block_of[v] for v in unit_vars}
+class MainSplice:
+    """Rewriting ``main`` so that groups of units become one fused call each (wave and flow fusion): the names
+    taken, where each unit is bound, what each call passes; :meth:`replace` records one fused call's bindings,
+    :meth:`module` assembles the new module, re-ordered topologically."""
+
+    def __init__(self, program):
+        self.program = program
+        self.main = program.mod["main"]
+        self.taken = {p.name for p in self.main.params} | set(program.graph.index)
+        for block in self.main.body.blocks:
+            self.taken.update(b.var.name for b in block.bindings)
+        self.bb = relax.BlockBuilder(program.mod)
+        self.var_of = {n: uc.binding_var for n, uc in program.calls.items()}
+        self.value_of = {b.var: b.value for block in self.main.body.blocks for b in block.bindings}
+        self.block_of = {b.var: bi for bi, block in enumerate(self.main.body.blocks) for b in block.bindings}
+        self.replacement: dict = {}   # block index -> [(unit vars, [bindings])]
+        self.gone: set = set()
+
+    def block(self, units: list[str]) -> tuple[int, type]:
+        """The binding block holding every unit of ``units`` and the variable class of that block."""
+        blocks = {self.block_of[self.var_of[u]] for u in units}
         if len(blocks) != 1:
-            raise NotFusable("the stage's units are in different binding blocks of main")
+            raise NotFusable("the fused units are in different binding blocks of main")
         (bi,) = blocks
-        dataflow = isinstance(main.body.blocks[bi], relax.DataflowBlock)
-        gv = bb.add_func(kern.func, f"{name_prefix}wave_{sig.units[0]}")
-        args = []
-        for ref in sig.inputs:   # the expression the first reader passes (same object: constants match by identity)
+        return bi, relax.DataflowVar if isinstance(self.main.body.blocks[bi], relax.DataflowBlock) else relax.Var
+
+    def args(self, sig) -> list:
+        """What the fused call passes for ``sig.inputs``: the expression the first reader passes (the same
+        object, so constants match by identity)."""
+        out = []
+        for ref in sig.inputs:
             for u in sig.units:
-                call = program.calls[u]
+                call = self.program.calls[u]
                 if ref in call.args:
-                    args.append(value_of[var_of[u]].args[1].fields[call.args.index(ref)])
+                    out.append(self.value_of[self.var_of[u]].args[1].fields[call.args.index(ref)])
                     break
-        out_sinfo = [relax.TensorType(list(program.calls[u].outputs[i].shape), program.calls[u].outputs[i].dtype)
-                     for u, i in sig.outputs]
-        var_cls = relax.DataflowVar if dataflow else relax.Var
-        name = _unique(f"wave{k}_{sig.units[0]}", taken)
-        call = bb.normalize(relax.call_tir(gv, args, out_sinfo))
-        fused_var = var_cls(name, call.ty if hasattr(call, "ty") else None)
-        new = [relax.VarBinding(fused_var, call)]
+        return out
+
+    def name(self, base: str) -> str:
+        return _unique(base, self.taken)
+
+    def replace(self, sig, bi: int, before: list, fused_var) -> None:
+        """``before`` (bindings, the fused call's last) takes the place of ``sig``'s units; each unit's variable is
+        re-bound to its items of the fused call's result, so its readers read the same variables as before."""
+        new = list(before)
         for u in sig.units:
             idx = [j for j, (uu, _) in enumerate(sig.outputs) if uu == u]
-            var = var_of[u]
+            var = self.var_of[u]
             items = [relax.TupleGetItem(fused_var, j) for j in idx]
             value = items[0] if not isinstance(var.ty, relax.TupleType) else relax.Tuple(items)
-            new.append(relax.VarBinding(var, bb.normalize(value)))
-            gone.add(var)
-        replacement.setdefault(bi, []).append((unit_vars, new))
+            new.append(relax.VarBinding(var, self.bb.normalize(value)))
+            self.gone.add(var)
+        self.replacement.setdefault(bi, []).append(([self.var_of[u] for u in sig.units], new))
+
+    def module(self) -> tvm.IRModule:
+        main = self.main
+        new_blocks = []
+        for bi, block in enumerate(main.body.blocks):
+            kept = [b for b in block.bindings if b.var not in self.gone]
+            order = {b.var: i for i, b in enumerate(block.bindings)}
+            bindings = list(kept)
+            first = {i: order[b.var] for i, b in enumerate(kept)}
+            for unit_vars, new in self.replacement.get(bi, []):
+                at = min(order[v] for v in unit_vars)
+                for b in new:
+                    first[len(bindings)] = at
+                    bindings.append(b)
+            new_blocks.append(type(block)(_topological(bindings, first)))
+        new_main = relax.Function(main.params, relax.SeqExpr(new_blocks, main.body.body), main.ret_ty,
+                                  main.is_pure, main.attrs)
+        out = tvm.IRModule(dict(self.bb.get().functions), attrs=self.program.mod.attrs)
+        out["main"] = new_main
+        return relax.transform.Normalize()(out)
+
+
+def out_sinfo(program, sig) -> list:
+    """The fused call's outputs: every member unit's, in signature order."""
+    return [relax.TensorType(list(program.calls[u].outputs[i].shape), program.calls[u].outputs[i].dtype)
+            for u, i in sig.outputs]
+
+
+def splice_waves(program, kernels: list[WaveKernel], name_prefix: str = "") -> tuple[tvm.IRModule, list[str]]:
+    """``program.mod`` with each kernel's units replaced by one call of it; returns (module, fused var names)."""
+    splice = MainSplice(program)
+    names = []
+    for k, kern in enumerate(kernels):
+        sig = kern.signature
+        bi, var_cls = splice.block(sig.units)
+        gv = splice.bb.add_func(kern.func, f"{name_prefix}wave_{sig.units[0]}")
+        name = splice.name(f"wave{k}_{sig.units[0]}")
+        call = splice.bb.normalize(relax.call_tir(gv, splice.args(sig), out_sinfo(program, sig)))
+        fused_var = var_cls(name, call.ty if hasattr(call, "ty") else None)
+        splice.replace(sig, bi, [relax.VarBinding(fused_var, call)], fused_var)
         names.append(name)
-    new_blocks = []
-    for bi, block in enumerate(main.body.blocks):
-        kept = [b for b in block.bindings if b.var not in gone]
-        first = {}
-        order = {b.var: i for i, b in enumerate(block.bindings)}
-        bindings = list(kept)
-        for i, b in enumerate(kept):
-            first[i] = order[b.var]
-        for unit_vars, new in replacement.get(bi, []):
-            at = min(order[v] for v in unit_vars)
-            for b in new:
-                first[len(bindings)] = at
-                bindings.append(b)
-        new_blocks.append(type(block)(_topological(bindings, first)))
-    new_main = relax.Function(main.params, relax.SeqExpr(new_blocks, main.body.body), main.ret_ty, main.is_pure,
-                              main.attrs)
-    out = tvm.IRModule(dict(bb.get().functions), attrs=mod.attrs)
-    out["main"] = new_main
-    return relax.transform.Normalize()(out), names
+    return splice.module(), names
 
 
 def fusion_program(program, target):

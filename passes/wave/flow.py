@@ -378,13 +378,14 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     return records, cache
 
 
-def _dummy_arg(program, sig: WaveSignature, bb_values: dict, var_of: dict, params: list):
+def _dummy_arg(sig: WaveSignature, var_of: dict, params: list):
     """The expression of a run input that is not a constant (a model input or a unit output), for the zeroing
     kernel to take."""
     for ref in sig.inputs:
         if ref.kind == "unit":
-            return var_of[ref.unit] if not ref.index and not isinstance(var_of[ref.unit].ty, relax.TupleType) \
-                else relax.TupleGetItem(var_of[ref.unit], ref.index)
+            var = var_of[ref.unit]
+            return var if not ref.index and not isinstance(var.ty, relax.TupleType) else relax.TupleGetItem(
+                var, ref.index)
         if ref.kind == "input":
             return params[ref.index]
     raise NotFusable("every input of the run is a constant: nothing the zeroing kernel can wait for")
@@ -394,76 +395,25 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
                                                                                        list[str]]:
     """``program.mod`` with each run's units replaced by a zeroing call and one flow call; returns (module, flow
     call var names, zeroing var names)."""
-    from .apply import _topological, _unique
+    from .apply import MainSplice, out_sinfo
 
-    mod = program.mod
-    main = mod["main"]
-    taken = {p.name for p in main.params} | set(program.graph.index)
-    for block in main.body.blocks:
-        taken.update(b.var.name for b in block.bindings)
-    bb = relax.BlockBuilder(mod)
-    var_of = {n: uc.binding_var for n, uc in program.calls.items()}
-    value_of = {b.var: b.value for block in main.body.blocks for b in block.bindings}
-    block_of = {b.var: bi for bi, block in enumerate(main.body.blocks) for b in block.bindings}
+    splice = MainSplice(program)
+    bb = splice.bb
     names, zero_names = [], []
-    replacement: dict = {}
-    gone: set = set()
     for k, kern in enumerate(kernels):
         sig = kern.signature
-        unit_vars = [var_of[u] for u in sig.units]
-        blocks = {block_of[v] for v in unit_vars}
-        if len(blocks) != 1:
-            raise NotFusable("the run's units are in different binding blocks of main")
-        (bi,) = blocks
-        dataflow = isinstance(main.body.blocks[bi], relax.DataflowBlock)
-        var_cls = relax.DataflowVar if dataflow else relax.Var
-        args = []
-        for ref in sig.inputs:
-            for u in sig.units:
-                call = program.calls[u]
-                if ref in call.args:
-                    args.append(value_of[var_of[u]].args[1].fields[call.args.index(ref)])
-                    break
-        dummy = _dummy_arg(program, sig, value_of, var_of, list(main.params))
-        dummy = bb.normalize(dummy)
+        bi, var_cls = splice.block(sig.units)
+        dummy = bb.normalize(_dummy_arg(sig, splice.var_of, list(splice.main.params)))
         zgv = bb.add_func(zero_flags_func(dummy, kern.num_flags), f"{name_prefix}flow_zero_{sig.units[0]}")
-        zname = _unique(f"flow{k}_flags", taken)
         zcall = bb.normalize(relax.call_tir(zgv, [dummy], relax.TensorType((kern.num_flags,), "int32")))
-        zvar = var_cls(zname, zcall.ty)
+        zvar = var_cls(splice.name(f"flow{k}_flags"), zcall.ty)
         gv = bb.add_func(kern.func, f"{name_prefix}flow_{sig.units[0]}")
-        out_sinfo = [relax.TensorType(list(program.calls[u].outputs[i].shape), program.calls[u].outputs[i].dtype)
-                     for u, i in sig.outputs]
-        name = _unique(f"flow{k}_{sig.units[0]}", taken)
-        call = bb.normalize(relax.call_tir(gv, args + [zvar], out_sinfo))
-        fused_var = var_cls(name, call.ty)
-        new = [relax.VarBinding(zvar, zcall), relax.VarBinding(fused_var, call)]
-        for u in sig.units:
-            idx = [j for j, (uu, _) in enumerate(sig.outputs) if uu == u]
-            var = var_of[u]
-            items = [relax.TupleGetItem(fused_var, j) for j in idx]
-            value = items[0] if not isinstance(var.ty, relax.TupleType) else relax.Tuple(items)
-            new.append(relax.VarBinding(var, bb.normalize(value)))
-            gone.add(var)
-        replacement.setdefault(bi, []).append((unit_vars, new))
-        names.append(name)
-        zero_names.append(zname)
-    new_blocks = []
-    for bi, block in enumerate(main.body.blocks):
-        kept = [b for b in block.bindings if b.var not in gone]
-        order = {b.var: i for i, b in enumerate(block.bindings)}
-        bindings = list(kept)
-        first = {i: order[b.var] for i, b in enumerate(kept)}
-        for unit_vars, new in replacement.get(bi, []):
-            at = min(order[v] for v in unit_vars)
-            for b in new:
-                first[len(bindings)] = at
-                bindings.append(b)
-        new_blocks.append(type(block)(_topological(bindings, first)))
-    new_main = relax.Function(main.params, relax.SeqExpr(new_blocks, main.body.body), main.ret_ty, main.is_pure,
-                              main.attrs)
-    out = tvm.IRModule(dict(bb.get().functions), attrs=mod.attrs)
-    out["main"] = new_main
-    return relax.transform.Normalize()(out), names, zero_names
+        call = bb.normalize(relax.call_tir(gv, splice.args(sig) + [zvar], out_sinfo(program, sig)))
+        fused_var = var_cls(splice.name(f"flow{k}_{sig.units[0]}"), call.ty)
+        splice.replace(sig, bi, [relax.VarBinding(zvar, zcall), relax.VarBinding(fused_var, call)], fused_var)
+        names.append(fused_var.name)
+        zero_names.append(zvar.name)
+    return splice.module(), names, zero_names
 
 
 def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""):
