@@ -135,7 +135,10 @@ def _emulated(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
             return S.SeqStmt([S.BufferStore(s.buffer, tvm.tirx.BufferLoad(buf, [i]), s.indices),
                               S.BufferStore(buf, tvm.tirx.BufferLoad(buf, [i]) + v, [i])])
         if isinstance(s, S.While):   # the wait: its producer must be complete already
-            buf, i, _ = _atomic(s.condition.a.a)
+            poll = s.condition.a.a   # __ldcg(&flags[i])
+            assert poll.args[0].value == "__ldcg"
+            load = poll.args[1].args[0]
+            buf, i = load.source, load.indices[0]
             need = s.condition.a.b
             # (TVM 0.27's Python signature names kind first; its constructor takes the condition first)
             return S.AssertStmt(tvm.tirx.GE(tvm.tirx.BufferLoad(buf, [i]), need), tvm.ir.StringImm("RuntimeError"),

@@ -12,7 +12,8 @@ chain), and one launch runs them all:
   for lower-numbered tasks cannot deadlock, however many blocks the GPU holds at once (the argument of CUB's
   decoupled look-back);
 * before its body, a task whose member has producers in the run waits until each producer's counter holds all of
-  the producer's tasks (thread 0 spins on the counter through an atomic, then fences; the block meets at a barrier);
+  the producer's tasks (thread 0 polls the counter through L2 with growing sleeps, then fences; the block meets at
+  a barrier);
 * after its body, the block fences its writes and thread 0 adds one to its member's counter.
 
 Each member keeps its own thread-block shape (the block size is that of the members whose threads synchronise, the
@@ -134,22 +135,31 @@ def _barrier():
     return S.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", tvm.ir.StringImm("shared")))
 
 
-SPIN_LIMIT = 1 << 16   # polls of a producer's counter (each after ~100 ns asleep) before a block gives up waiting
-SPIN_SLEEP_NS = 100
+SPIN_LIMIT = 1 << 16   # polls of a producer's counter before a block gives up waiting (>= 65 ms asleep)
+SPIN_SLEEP_NS = (32, 1024)   # the first sleep between polls, doubled up to the last
+
+
+def _poll(flags, index: int):
+    """``flags[index]`` read through L2 (``__ldcg``: a load that skips the SM's L1, where the counter's line could be
+    stale), not through an atomic: polling blocks then cost the L2 loads, not the atomic unit that the blocks
+    counting themselves done use."""
+    return tirx.call_extern("int32", "__ldcg", tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64", index)])))
 
 
 def _wait_for(flags, spin, producer: int, need: int):
-    """Thread 0 polls ``flags[1 + producer]`` until it holds ``need``, sleeping ~100 ns between polls so that
-    waiting blocks do not flood the counters' cache line. Bounded: after :data:`SPIN_LIMIT` polls (tens of ms,
-    far beyond any kernel of the zoo) it stops waiting, so a wrong dependency shows as a wrong output, never as a
-    hung GPU."""
-    zero = tirx.IntImm("int32", 0)
-    more = tirx.And(tirx.LT(_atomic_add(flags, _flags_index(producer), 0), tirx.IntImm("int32", need)),
-                    tirx.LT(tirx.BufferLoad(spin, [tirx.IntImm("int64", 0)]), tirx.IntImm("int32", SPIN_LIMIT)))
-    step = S.SeqStmt([S.Evaluate(tirx.call_extern("int32", "__nanosleep", tirx.IntImm("uint32", SPIN_SLEEP_NS))),
-                      S.BufferStore(spin, tirx.BufferLoad(spin, [tirx.IntImm("int64", 0)]) + 1,
-                                    [tirx.IntImm("int64", 0)])])
-    return S.SeqStmt([S.BufferStore(spin, zero, [tirx.IntImm("int64", 0)]), S.While(more, step)])
+    """Thread 0 polls ``flags[1 + producer]`` until it holds ``need``, sleeping between polls (32 ns, doubling up to
+    1 us) so that waiting blocks do not flood the counters' cache line. Bounded: after :data:`SPIN_LIMIT` polls
+    (over 65 ms asleep, far beyond any kernel of the zoo) it stops waiting, so a wrong dependency shows as a wrong
+    output, never as a hung GPU. ``spin``: thread 0's registers, [polls, next sleep in ns]."""
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    polls, sleep = tirx.BufferLoad(spin, [i64(0)]), tirx.BufferLoad(spin, [i64(1)])
+    more = tirx.And(tirx.LT(_poll(flags, _flags_index(producer)), tirx.IntImm("int32", need)),
+                    tirx.LT(polls, tirx.IntImm("int32", SPIN_LIMIT)))
+    step = S.SeqStmt([S.Evaluate(tirx.call_extern("int32", "__nanosleep", tirx.Cast("uint32", sleep))),
+                      S.BufferStore(spin, polls + 1, [i64(0)]),
+                      S.BufferStore(spin, tirx.min(sleep * 2, tirx.IntImm("int32", SPIN_SLEEP_NS[1])), [i64(1)])])
+    return S.SeqStmt([S.BufferStore(spin, tirx.IntImm("int32", 0), [i64(0)]),
+                      S.BufferStore(spin, tirx.IntImm("int32", SPIN_SLEEP_NS[0]), [i64(1)]), S.While(more, step)])
 
 
 def _dispatch(branches: list[tuple[int, object]], lo: int, hi: int, key, dtype: str):
@@ -174,7 +184,7 @@ def flow_launch(members: list[FlowMember], flags, slot, name: str):
     bx = tirx.Var(f"{name}_bx", dtype)
     tx = tirx.Var(f"{name}_tx", dtype)
     task = tirx.Var(f"{name}_task", dtype)
-    spin = tirx.decl_buffer((1,), "int32", name=f"{name}_spin", scope="local")
+    spin = tirx.decl_buffer((2,), "int32", name=f"{name}_spin", scope="local")
     first = tirx.EQ(tx, c(0))
     branches = []
     for m, mem in enumerate(members):
