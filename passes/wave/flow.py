@@ -80,8 +80,8 @@ class FlowLayout:
 
 
 def flow_block_size(members: list[FlowMember]) -> int:
-    """Threads per block of the run: the synchronising members' (one size: :func:`compatible` keeps it so), else
-    the largest member's."""
+    """Threads per block of the run: the synchronising members' (one size: the planner ends a run before a launch
+    of another, ``_Run.admits``), else the largest member's."""
     syncing = {m.launch.threads for m in members if m.syncs}
     if len(syncing) > 1:
         raise NotFusable(f"synchronising launches of {sorted(syncing)} threads per block in one flow run")
@@ -122,9 +122,9 @@ def _flags_index(m: int) -> int:
 
 
 def _atomic_add(flags, index: int, value: int):
-    return tirx.call_extern("int32", "atomicAdd", tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64",
-                                                                                                      index)])),
-                            tirx.IntImm("int32", value))
+    """``atomicAdd(&flags[index], value)``: the old value."""
+    counter = tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64", index)]))
+    return tirx.call_extern("int32", "atomicAdd", counter, tirx.IntImm("int32", value))
 
 
 def _fence():
