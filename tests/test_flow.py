@@ -173,7 +173,7 @@ def _pools_and_adds():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("scheduler", ["sequential", "greedy"])
+@pytest.mark.parametrize("scheduler", ["sequential", pytest.param("greedy", marks=pytest.mark.ci)])
 def test_flow_launch_emulated_on_the_cpu_computes_the_model(scheduler):
     mod = _pools_and_adds()
     target = normalize_target(CUDA)
@@ -216,8 +216,8 @@ def test_a_cpu_target_is_refused():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("name", ["squeezenet", "randwire", pytest.param("nasnet_a_mobile", marks=pytest.mark.ci),
-                                  pytest.param("inception_v3", marks=pytest.mark.ci)])
+@pytest.mark.parametrize("name", ["squeezenet"] + [pytest.param(n, marks=pytest.mark.ci)
+                                                   for n in ("randwire", "nasnet_a_mobile", "inception_v3")])
 def test_zoo_flow_kernels_compile_and_the_program_passes_the_as_built_check(name):
     """Every run's kernel compiles with nvcc (one persistent launch each, counters taken and waited on through
     atomics); the program that calls them (the zeroing kernel, then the launch) passes the stream memory check on
