@@ -336,6 +336,8 @@ def _unit_kernel(program, u: str, target, cache: dict, by_func: dict) -> Lowered
     """``u``'s lowered kernel (its own copy), the function scheduled once (``by_func``); :class:`NotFusable`,
     remembered per function, when it cannot join a run."""
     if u not in cache:
+        if any(ref.kind == "tuple" for ref in program.calls[u].args):   # the fused call passes tensors only
+            raise NotFusable(f"{u}: a tuple argument", unit=u)
         func = program.calls[u].func_name
         if isinstance(by_func.get(("why", func)), NotFusable):
             raise by_func[("why", func)]
