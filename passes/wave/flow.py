@@ -332,23 +332,23 @@ def lower_flow_unit(program, unit: str, target, scheduled: dict | None = None) -
                                   [s_tir.transform.InjectVirtualThread()] + sync_passes()))
 
 
-def _unit_kernel(program, u: str, target, cache: dict, by_func: dict) -> LoweredKernel:
-    """``u``'s lowered kernel (its own copy), the function scheduled once (``by_func``); :class:`NotFusable`,
-    remembered per function, when it cannot join a run."""
+def _unit_kernel(program, u: str, target, cache: dict, scheduled: dict, refused: dict) -> LoweredKernel:
+    """``u``'s lowered kernel (its own copy), its function scheduled once (``scheduled``); :class:`NotFusable`,
+    remembered per function (``refused``), when it cannot join a run."""
     if u not in cache:
         if any(ref.kind == "tuple" for ref in program.calls[u].args):   # the fused call passes tensors only
             raise NotFusable(f"{u}: a tuple argument", unit=u)
         func = program.calls[u].func_name
-        if isinstance(by_func.get(("why", func)), NotFusable):
-            raise by_func[("why", func)]
+        if func in refused:
+            raise refused[func]
         try:
-            kern = lower_flow_unit(program, u, target, by_func)
+            kern = lower_flow_unit(program, u, target, scheduled)
             for n in kern.nests:
                 if kern.syncs and n.stmt.threads < WARP:
                     raise NotFusable(f"{u}: its threads synchronise in blocks of {n.stmt.threads}, under a warp",
                                      unit=u)
         except NotFusable as why:
-            by_func[("why", func)] = why
+            refused[func] = why
             raise
         cache[u] = kern
     return cache[u]
@@ -358,7 +358,8 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     """Runs of consecutive whole stages that can share one flow launch (two or more launches each), and a record
     for every stage left out, with the reason; also the units' lowered kernels."""
     cache: dict[str, LoweredKernel] = {}
-    by_func: dict = {}
+    scheduled: dict = {}
+    refused: dict = {}
     records: list[FlowRecord] = []
     run = _Run()
 
@@ -373,7 +374,7 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     for si, st in enumerate(schedule.stages):
         units = _stage_units(st)
         try:
-            kernels = [_unit_kernel(program, u, target, cache, by_func) for u in units]
+            kernels = [_unit_kernel(program, u, target, cache, scheduled, refused) for u in units]
         except NotFusable as why:
             close()
             records.append(FlowRecord([si], reasons=[str(why)]))
