@@ -278,16 +278,21 @@ def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC
                          report: CudaBuildReport | None = None, strict: bool = True, window_rule: bool = True
                          ) -> list:
     """The passes of TVM's default CUDA pipeline, in its order, with RewriteCUDAGraph restricted to
-    ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is added or left out.
-    ``passes.as_built`` inserts the memory check into this list, so the check sees what this build compiles."""
+    ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is left out, and one
+    pass is added at the end: flow runs' device functions made private again after ``AttachGlobalSymbol``
+    (:func:`passes.wave.subroutine.keep_device_subroutines`; it touches nothing else). ``passes.as_built``
+    inserts the memory check into this list, so the check sees what this build compiles."""
     from tvm.relax.backend.cuda import pipeline as cp
+
+    from .wave.subroutine import keep_device_subroutines
 
     report = report if report is not None else CudaBuildReport()
     finalize = [rewrite_cuda_graph_for(graph_funcs, report, strict) if p.info.name == "RewriteCUDAGraph" else p
                 for p in cp.finalize_passes(target)]
     legalize = [robust_default_schedule(target, report, window_rule) if p.info.name == "ApplyDefaultSchedule" else p
                 for p in cp.legalize_passes(target)]
-    return cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
+    return (cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
+            + [keep_device_subroutines(target)])
 
 
 def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),

@@ -17,16 +17,16 @@ chain), and one launch runs them all:
 * after its body, the block fences its writes and thread 0 adds one to its member's counter.
 
 Each member keeps its own thread-block shape (the block size is that of the members whose threads synchronise, the
-others are repacked, as in a wave). Every member output is an output of the launch (the run's tensors never share
-storage, so no block can overwrite what another still reads). The counters live in an ``int32`` tensor that a
-small kernel of its own zeroes right before the launch (it reads one of the run's inputs, so no compiler pass can
-fold it into a constant and no two runs can share it).
+others are repacked, as in a wave). The code of each (kernel function, launch) is in the run once, as a device
+function that every member running it calls with its own tensors (:mod:`passes.wave.subroutine`); their shared
+buffers lie in one pool per data type that the launch declares. Every member output is an output of the launch
+(the run's tensors never share storage, so no block can overwrite what another still reads). The counters live
+in an ``int32`` tensor that a small kernel of its own zeroes right before the launch (it reads one of the run's
+inputs, so no compiler pass can fold it into a constant and no two runs can share it).
 
 What cannot join a run ends it, with the reason recorded: library calls (no TIR), kernels whose launch shapes are
 not constants, a synchronising launch under a warp or of a block size other than the run's, and static shared
-memory over the 48 KiB a block may declare. That is estimated as the largest member's plus the task slot, because
-TVM's storage planning overlays the members' buffers; nvcc's count for the compiled kernels is at least that and
-close to it (``tests/test_flow.py``: SqueezeNet exactly that, Inception-v3 192 bytes more in one run of 16 units).
+memory over the 48 KiB a block may declare: the largest subroutine's share of the pools plus the task slot.
 """
 from __future__ import annotations
 
@@ -41,26 +41,30 @@ from tvm.tirx import stmt as S
 from tvm_interop.runtime.errors import ScheduleError
 
 from ..schedule import Schedule, Stage
-from .cuda import STATIC_SHARED_LIMIT, WARP, Launch, member_stmt
-from .kernel import WaveSignature, fused_params, in_root_block, lower_unit, wave_signature
+from .cuda import STATIC_SHARED_LIMIT, WARP, Launch
+from .kernel import WaveSignature, fused_param_map, in_root_block, lower_unit, wave_signature
 from .lowered import LoweredKernel, NotFusable
 from .partition import block_offsets, repack_alignment, repacked_blocks
+from .subroutine import Subroutine, make_subroutine, pooled_shared_bytes
 
 log = logging.getLogger(__name__)
 
 FLOW_ATTR = "tvm_interop.flow"
-FLOW_CODEGEN = 1     # bump when the same members come to be fused into different code
+FLOW_CODEGEN = 2     # bump when the same members come to be fused into different code (2: one device function
+                     # per kernel function and launch, shared memory in pools)
 MAX_MEMBERS = 512    # launches per run: one counter each, and one branch each in the kernel's task dispatch
 
 
 @dataclass
 class FlowMember:
-    """One kernel launch of a unit in the run: ``deps`` are the members it waits for (indices into the run)."""
+    """One kernel launch of a unit in the run (its ``nest``-th): ``deps`` are the members it waits for (indices
+    into the run)."""
 
     unit: str
     launch: Launch
     syncs: bool
     deps: list[int] = field(default_factory=list)
+    nest: int = 0
 
 
 @dataclass
@@ -112,7 +116,7 @@ def flow_members(program, units: list[str], kernels: dict[str, LoweredKernel]) -
                             if r.kind == "unit" and r.unit in inside and r.unit in last})
         for k, nest in enumerate(kern.nests):
             deps = producers if k == 0 else [len(members) - 1]
-            members.append(FlowMember(u, nest.stmt, kern.syncs, list(deps)))
+            members.append(FlowMember(u, nest.stmt, kern.syncs, list(deps), k))
         last[u] = len(members) - 1
     return members
 
@@ -172,12 +176,11 @@ def _dispatch(branches: list[tuple[int, object]], lo: int, hi: int, key, dtype: 
                         _dispatch(branches, lo, mid, key, dtype), _dispatch(branches, mid, hi, key, dtype))
 
 
-def flow_launch(members: list[FlowMember], flags, slot, name: str):
+def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, allocs: tuple = ()):
     """The launch statement (see the module docstring): ``flags`` the counter tensor, ``slot`` a one-element
-    shared buffer through which thread 0 hands the block its task. Each member has its own copy of its kernel's
-    code, under a balanced tree of tests on the task. (Members of one kernel function could share one copy that
-    picks its tensors by member, but TVM 0.27's TIR passes refuse a pointer chosen at run time: a ``Bind`` of an
-    ``if_then_else`` of pointers stops ``CompactBufferAllocation``.)"""
+    shared buffer through which thread 0 hands the block its task, ``run_member(m, local_b, tx)`` the statement
+    running member ``m``'s block ``local_b`` (a call of its subroutine), under a balanced tree of tests on the
+    task; ``allocs``: further buffers the launch allocates (the shared pools)."""
     lay = layout(members)
     dtype = "int64"
     c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
@@ -194,12 +197,14 @@ def flow_launch(members: list[FlowMember], flags, slot, name: str):
         if mem.deps:
             waits = [_wait_for(flags, spin, p, lay.tasks(p)) for p in mem.deps]
             body += [S.IfThenElse(first, S.SeqStmt(waits + [_fence()]), None), _barrier()]
-        body.append(member_stmt(mem.launch, lay.block, local_b, tx, lay.grids[m], idle=idle))
+        run = run_member(m, local_b, tx)
+        body.append(run if idle is None else S.IfThenElse(idle, run, None))
         # every thread's writes visible device-wide before the member's counter says so
         body += [_fence(), _barrier(), S.IfThenElse(first, S.Evaluate(_atomic_add(flags, _flags_index(m), 1)), None)]
         branches.append((lay.offsets[m] + lay.grids[m], S.SeqStmt(body)))
     claim = S.IfThenElse(first, S.BufferStore(slot, _atomic_add(flags, 0, 1), [c(0)]), None)
-    inner = S.SeqStmt([S.AllocBuffer(slot), S.AllocBuffer(spin), claim, _barrier(),
+    inner = S.SeqStmt([S.AllocBuffer(slot), S.AllocBuffer(spin), *[S.AllocBuffer(b) for b in allocs], claim,
+                       _barrier(),
                        S.Bind(task, tirx.Cast(dtype, tirx.BufferLoad(slot, [c(0)]))),
                        _dispatch(branches, 0, len(branches), task, dtype)])
     tx_iv = tirx.IterVar(tvm.ir.Range(c(0), c(lay.block)), tx, tirx.IterVar.ThreadIndex, "threadIdx.x")
@@ -210,34 +215,56 @@ def flow_launch(members: list[FlowMember], flags, slot, name: str):
 @dataclass
 class FlowKernel:
     """A built flow run: the PrimFunc (parameters: the run's inputs, the counters, every member output), its
-    signature, the counter count, and the members' layout."""
+    signature, the counter count, the members' layout, and the device functions it calls (one per kernel
+    function and launch), which the module must hold beside it."""
 
     func: tirx.PrimFunc
     signature: WaveSignature
     num_flags: int
     members: list[FlowMember]
     layout: FlowLayout
+    subroutines: list[Subroutine] = field(default_factory=list)
 
 
-def build_flow_kernel(program, units: list[str], target, kernels: dict[str, LoweredKernel]) -> FlowKernel:
-    """Fuse ``units`` (whole stages, in the schedule's order) into one flow launch (``kernels``: each unit's own
-    lowered kernel)."""
+def build_flow_kernel(program, units: list[str], target, kernels: dict[str, LoweredKernel],
+                      name: str = "flow") -> FlowKernel:
+    """Fuse ``units`` (whole stages, in the schedule's order) into one flow launch (``kernels``: each unit's
+    lowered kernel; units of one kernel function may share one). ``name`` prefixes the subroutines' names, which
+    must be unique in the module."""
     sig = wave_signature(program, [list(units)])
     members = flow_members(program, units, kernels)
     if len(members) > MAX_MEMBERS:
         raise NotFusable(f"{len(members)} launches, over the {MAX_MEMBERS} a flow run may hold")
+    lay = layout(members)
     flags = tirx.decl_buffer((len(members) + 1,), "int32", name="flow_flags")
-    params, prologue = fused_params(program, sig, kernels, extra_inputs=[flags])
+    params, binding = fused_param_map(program, sig, kernels, extra_inputs=[flags])
     slot = tirx.decl_buffer((1,), "int32", name="flow_task", scope="shared")
-    decls = [d for u in units for d in kernels[u].decls]
-    launch = flow_launch(members, flags, slot, "flow")
+    subs: dict[tuple[str, int], Subroutine] = {}
+    for m, mem in enumerate(members):
+        key = (program.calls[mem.unit].func_name, mem.nest)
+        if key not in subs:
+            subs[key] = make_subroutine(kernels[mem.unit], mem.nest, lay.block, lay.grids[m],
+                                        f"{name}_{key[0]}_{key[1]}")
+    need: dict[str, int] = {}
+    for sub in subs.values():
+        for dtype, n in sub.layout.need.items():
+            need[dtype] = max(need.get(dtype, 0), n)
+    pools = {d: tirx.decl_buffer((n,), d, name=f"flow_pool_{d}", scope="shared") for d, n in sorted(need.items())}
+
+    def run_member(m: int, local_b, tx):
+        mem = members[m]
+        sub = subs[(program.calls[mem.unit].func_name, mem.nest)]
+        tensors = [binding[(mem.unit, pos)].data for pos in range(len(kernels[mem.unit].params))]
+        return sub.call(tensors, local_b, tx, pools)
+
+    launch = flow_launch(members, flags, slot, "flow", run_member, tuple(pools.values()))
     first = kernels[units[0]].func
     attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}
     attrs.update({"tirx.is_scheduled": True, "tirx.noalias": True,
-                  FLOW_ATTR: json.dumps({"units": list(units), "members": len(members), "codegen": FLOW_CODEGEN})})
-    func = tirx.PrimFunc(params, S.SeqStmt(list(prologue) + decls + [launch]),
-                         attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
-    return FlowKernel(in_root_block(func), sig, len(members) + 1, members, layout(members))
+                  FLOW_ATTR: json.dumps({"units": list(units), "members": len(members), "codegen": FLOW_CODEGEN,
+                                         "subroutines": len(subs)})})
+    func = tirx.PrimFunc(params, launch, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
+    return FlowKernel(in_root_block(func), sig, len(members) + 1, members, lay, list(subs.values()))
 
 
 def zero_flags_func(like: relax.Expr, n: int) -> tirx.PrimFunc:
@@ -293,7 +320,7 @@ class _Run:
                             f"of {block}")
                 if k.syncs:
                     block = n.stmt.threads
-        if max([self.shared] + [k.shared_bytes for k in kernels]) + 4 > STATIC_SHARED_LIMIT:
+        if max([self.shared] + [pooled_shared_bytes(k) for k in kernels]) + 4 > STATIC_SHARED_LIMIT:
             return f"static shared memory over the {STATIC_SHARED_LIMIT} bytes a block may declare"
         if self.launches + sum(len(k.nests) for k in kernels) > MAX_MEMBERS:
             return f"over {MAX_MEMBERS} launches in one run"
@@ -305,17 +332,14 @@ class _Run:
         for k in kernels:
             if k.syncs and k.nests:
                 self.sync_block = k.nests[0].stmt.threads
-            self.shared = max(self.shared, k.shared_bytes)
+            self.shared = max(self.shared, pooled_shared_bytes(k))
             self.launches += len(k.nests)
 
 
-def lower_flow_unit(program, unit: str, target, scheduled: dict | None = None) -> LoweredKernel:
+def lower_flow_unit(program, unit: str, target) -> LoweredKernel:
     """The unit's kernel lowered as for a wave (:func:`kernel.lower_unit`), with its virtual threads expanded first
     (TVM's ``InjectVirtualThread``, run on the member alone): in the fused kernel that pass would otherwise take in
-    the run's dispatch and its spin loops, which it refuses ("WhileNode in InjectVirtualThread not supported").
-    ``scheduled``: the kernel functions already scheduled as the build schedules them, by name (scheduling is
-    the costly part and the same for every unit of a function; the lowering after it renews every variable, so
-    each unit gets a copy of its own)."""
+    the run's dispatch and its spin loops, which it refuses ("WhileNode in InjectVirtualThread not supported")."""
     from tvm import s_tir
 
     from ..cuda_build import scheduled_as_built
@@ -325,32 +349,32 @@ def lower_flow_unit(program, unit: str, target, scheduled: dict | None = None) -
     call = program.calls[unit]
     if call.is_library:
         return lower_unit(program, unit, target)   # raises NotFusable with the reason
-    scheduled = {} if scheduled is None else scheduled
-    if call.func_name not in scheduled:
-        scheduled[call.func_name] = scheduled_as_built(program.mod[call.func_name], target)
-    return split_cuda(unit, lower(scheduled[call.func_name], target,
+    return split_cuda(unit, lower(scheduled_as_built(program.mod[call.func_name], target), target,
                                   [s_tir.transform.InjectVirtualThread()] + sync_passes()))
 
 
-def _unit_kernel(program, u: str, target, cache: dict, scheduled: dict, refused: dict) -> LoweredKernel:
-    """``u``'s lowered kernel (its own copy), its function scheduled once (``scheduled``); :class:`NotFusable`,
-    remembered per function (``refused``), when it cannot join a run."""
+def _unit_kernel(program, u: str, target, cache: dict, lowered: dict, refused: dict) -> LoweredKernel:
+    """``u``'s lowered kernel: its function's, lowered once for all its units (``lowered``, by function name; the
+    run calls one subroutine per function and launch, so the units need no copies of their own) under ``u``'s
+    name; :class:`NotFusable`, remembered per function (``refused``), when it cannot join a run."""
     if u not in cache:
         if any(ref.kind == "tuple" for ref in program.calls[u].args):   # the fused call passes tensors only
             raise NotFusable(f"{u}: a tuple argument", unit=u)
         func = program.calls[u].func_name
         if func in refused:
             raise refused[func]
-        try:
-            kern = lower_flow_unit(program, u, target, scheduled)
-            for n in kern.nests:
-                if kern.syncs and n.stmt.threads < WARP:
-                    raise NotFusable(f"{u}: its threads synchronise in blocks of {n.stmt.threads}, under a warp",
-                                     unit=u)
-        except NotFusable as why:
-            refused[func] = why
-            raise
-        cache[u] = kern
+        if func not in lowered:
+            try:
+                kern = lower_flow_unit(program, u, target)
+                for n in kern.nests:
+                    if kern.syncs and n.stmt.threads < WARP:
+                        raise NotFusable(f"{u}: its threads synchronise in blocks of {n.stmt.threads}, under a "
+                                         "warp", unit=u)
+            except NotFusable as why:
+                refused[func] = why
+                raise
+            lowered[func] = kern
+        cache[u] = replace(lowered[func], name=u)
     return cache[u]
 
 
@@ -358,7 +382,7 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     """Runs of consecutive whole stages that can share one flow launch (two or more launches each), and a record
     for every stage left out, with the reason; also the units' lowered kernels."""
     cache: dict[str, LoweredKernel] = {}
-    scheduled: dict = {}
+    lowered: dict = {}
     refused: dict = {}
     records: list[FlowRecord] = []
     run = _Run()
@@ -374,7 +398,7 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     for si, st in enumerate(schedule.stages):
         units = _stage_units(st)
         try:
-            kernels = [_unit_kernel(program, u, target, cache, scheduled, refused) for u in units]
+            kernels = [_unit_kernel(program, u, target, cache, lowered, refused) for u in units]
         except NotFusable as why:
             close()
             records.append(FlowRecord([si], reasons=[str(why)]))
@@ -413,6 +437,7 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
     splice = MainSplice(program)
     bb = splice.bb
     names, zero_names = [], []
+    subroutines = []
     for k, kern in enumerate(kernels):
         sig = kern.signature
         bi, var_cls = splice.block(sig.units)
@@ -421,12 +446,18 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
         zcall = bb.normalize(relax.call_tir(zgv, [dummy], relax.TensorType((kern.num_flags,), "int32")))
         zvar = var_cls(splice.name(f"flow{k}_flags"), zcall.ty)
         gv = bb.add_func(kern.func, f"{name_prefix}flow_{sig.units[0]}")
+        subroutines += kern.subroutines
         call = bb.normalize(relax.call_tir(gv, splice.args(sig) + [zvar], out_sinfo(program, sig)))
         fused_var = var_cls(splice.name(f"flow{k}_{sig.units[0]}"), call.ty)
         splice.replace(sig, bi, [relax.VarBinding(zvar, zcall), relax.VarBinding(fused_var, call)], fused_var)
         names.append(fused_var.name)
         zero_names.append(zvar.name)
-    return splice.module(), names, zero_names
+    mod = splice.module()
+    for sub in subroutines:   # called from the flow kernels (TIR), not from Relax: added under their own names
+        if any(gv.name_hint == sub.gvar.name_hint for gv in mod.functions):
+            raise NotFusable(f"a function named {sub.gvar.name_hint} is in the module already")
+        mod[sub.gvar] = sub.func
+    return mod, names, zero_names
 
 
 def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""):
@@ -448,7 +479,7 @@ def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""
         if not rec.units:
             continue
         try:
-            kern = build_flow_kernel(program, rec.units, target, cache)
+            kern = build_flow_kernel(program, rec.units, target, cache, f"{name_prefix}flow{len(kernels)}")
         except NotFusable as why:
             rec.reasons.append(str(why))
             rec.units = []
