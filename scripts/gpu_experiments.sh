@@ -43,9 +43,9 @@
 #            beside the same schedule as waves and as streams: does a launch without barriers between stages beat
 #            the dependency-mode CUDA graphs that beat the waves (0.96x / 0.87x on an H100)? Its own build
 #            directory (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here: randwire's one run
-#            of 274 launches is 17.6 MB of CUDA, 11 min to compile), its own output (run/flow), measured after
-#            the rest under a timeout: a wait that never ends gives up after 2^16 polls (a wrong output, not a
-#            hung GPU), and the timeout bounds what is left.
+#            of 274 launches calls 112 device functions, 8.3 MB of CUDA; both models built in 14 min), its own
+#            output (run/flow), measured after the rest under a timeout: a wait that never ends gives up after
+#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
 #            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
