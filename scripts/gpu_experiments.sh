@@ -123,11 +123,13 @@ case "$step" in
     echo "carry: $("$0" carry)"
     ;;
   carry)
+    # only what was built here (a new checkout keeps none of it): each build once its manifest exists
     ROUND="$(pending_round)"
-    out="\"$BUILD\""
-    [ -z "$ROUND" ] || out="$out, \"$ROUND\""
-    [ ! -f "$FLOW/manifest.json" ] || out="$out, \"$FLOW\""
-    echo "[$out]"
+    parts=()
+    [ ! -f "$BUILD/manifest.json" ] || parts+=("\"$BUILD\"")
+    [ -z "$ROUND" ] || parts+=("\"$ROUND\"")
+    [ ! -f "$FLOW/manifest.json" ] || parts+=("\"$FLOW\"")
+    (IFS=,; echo "[${parts[*]:-}]" | sed 's/,/, /g')
     ;;
   run)
     O="${OUT:-gpu_experiments_out}"
@@ -141,11 +143,15 @@ case "$step" in
     fi
     # the direct-launch twins of greedy and ios beside their graphs: are kernels launched by the host (paced at its
     # launch rate) slowed less by their neighbours than the same kernels released together by a graph?
-    GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
-      --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
-      --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
-      --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" --timeline "pairs + CUDA graph" \
-      "$@" || status=1
+    if [ -f "$BUILD/manifest.json" ]; then
+      GPU_CHECK_DIR="$BUILD" OUT="$O/run" bash scripts/gpu_check.sh run --repeat 100 --warmup 10 --pick-rounds 0 \
+        --timeline "ios + CUDA graph" --timeline "ios_s4 + CUDA graph" --timeline "ios_s2 + CUDA graph" \
+        --timeline "sequential + CUDA graph" --timeline "greedy + CUDA graph" --timeline "lios + CUDA graph" \
+        --timeline "ios" --timeline "greedy" --timeline "ios (dependency) + CUDA graph" \
+        --timeline "pairs + CUDA graph" "$@" || status=1
+    else
+      echo "gpu_experiments: $BUILD was not carried (no manifest): its experiments are left out"
+    fi
     if [ -f "$FLOW/manifest.json" ]; then
       GPU_CHECK_DIR="$FLOW" OUT="$O/flow" timeout "${GPU_EXPERIMENTS_FLOW_TIMEOUT:-240}" bash scripts/gpu_check.sh run \
         --repeat 50 --warmup 5 --pick-rounds 0 --no-kernel-profile || status=1
@@ -156,8 +162,11 @@ case "$step" in
     [ $# -ge 1 ] || { echo "usage: scripts/gpu_experiments.sh finish FILES_AT [NAME]" >&2; exit 2; }
     F="$1"
     NAME="${2:-gpu_check_experiments_$(date +%F)}"
-    bash scripts/gpu_check.sh report "$F/run/gpu_check.json" --name "$NAME"
-    "$PY" scripts/gpu_cost_transfer.py "$F/run/gpu_check.json" --sim sim:h200-tvm --out "docs/${NAME}_sim_transfer.json"
+    if [ -f "$F/run/gpu_check.json" ]; then
+      bash scripts/gpu_check.sh report "$F/run/gpu_check.json" --name "$NAME"
+      "$PY" scripts/gpu_cost_transfer.py "$F/run/gpu_check.json" --sim sim:h200-tvm \
+        --out "docs/${NAME}_sim_transfer.json"
+    fi
     if [ -f "$F/active/costs.json" ]; then
       "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
         -o "$ACTIVE/shipped.json"
@@ -165,9 +174,11 @@ case "$step" in
     if [ -f "$F/flow/gpu_check.json" ]; then
       bash scripts/gpu_check.sh report "$F/flow/gpu_check.json" --name "${NAME}_flow"
     fi
-    "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches --block-sim \
-      $(for f in "$BUILD"/schedules/*.json; do b="${f##*/}"; b="${b%.json}"; echo "--schedule ${b%%.*}:${b#*.}=$f"; done) \
-      --out "docs/${NAME}_kernels" || true
+    if [ -f "$F/run/gpu_check.json" ]; then
+      "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches --block-sim \
+        $(for f in "$BUILD"/schedules/*.json; do b="${f##*/}"; b="${b%.json}"; echo "--schedule ${b%%.*}:${b#*.}=$f"; done) \
+        --out "docs/${NAME}_kernels" || true
+    fi
     ;;
   *)
     echo "usage: scripts/gpu_experiments.sh build | carry | run | finish FILES_AT [NAME]" >&2
