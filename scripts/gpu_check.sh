@@ -86,8 +86,9 @@ case "$step" in
     exec python3 scripts/gpu_check.py run --dir "$D" --out "${OUT:-gpu_check_out}" "$@"
     ;;
   wave-diff)
-    # every fused stage's wave kernel against its members alone, built here by `scripts/gpu_wave_diff.py build`
-    # (carry .wave_diff and the build's directory, whose runtime kit this uses); extra arguments: the models
+    # every fused stage's wave kernel (or flow run's launch: `build --fusion flow`) against its members alone, built
+    # here by `scripts/gpu_wave_diff.py build` (carry .wave_diff, or the --dir given, and the build's directory,
+    # whose runtime kit this uses); extra arguments: [--dir DIR] the models
     runtime_kit
     exec python3 scripts/gpu_wave_diff.py run --out "${OUT:-gpu_check_out}/wave_diff" "$@"
     ;;

@@ -45,7 +45,9 @@
 #            directory (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here: randwire's one run
 #            of 274 launches calls 112 device functions, 8.3 MB of CUDA; both models built in 14 min), its own
 #            output (run/flow), measured after the rest under a timeout: a wait that never ends gives up after
-#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left.
+#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left. Then each run's
+#            launch against its members alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff):
+#            if a flow variant is wrong, the first unit whose output differs.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
 #            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
@@ -119,6 +121,8 @@ case "$step" in
     [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
     GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
       --schedulers sequential,greedy,greedy+wave,greedy+flow --cudnn ''
+    # each flow run's launch beside its members alone (carried inside $FLOW): names the first wrong unit if any
+    "$PY" scripts/gpu_wave_diff.py build --fusion flow --models "$FLOW_MODELS" --dir "$FLOW/diff"
     du -sh "$BUILD" "$ACTIVE" "$FLOW"
     echo "carry: $("$0" carry)"
     ;;
@@ -155,6 +159,10 @@ case "$step" in
     if [ -f "$FLOW/manifest.json" ]; then
       GPU_CHECK_DIR="$FLOW" OUT="$O/flow" timeout "${GPU_EXPERIMENTS_FLOW_TIMEOUT:-240}" bash scripts/gpu_check.sh run \
         --repeat 50 --warmup 5 --pick-rounds 0 --no-kernel-profile || status=1
+      if [ -f "$FLOW/diff/randwire.json" ]; then
+        GPU_CHECK_DIR="$FLOW" OUT="$O/flow" timeout 120 bash scripts/gpu_check.sh wave-diff --dir "$FLOW/diff" \
+          ${FLOW_MODELS//,/ } || status=1
+      fi
     fi
     exit "$status"
     ;;
@@ -173,6 +181,9 @@ case "$step" in
     fi
     if [ -f "$F/flow/gpu_check.json" ]; then
       bash scripts/gpu_check.sh report "$F/flow/gpu_check.json" --name "${NAME}_flow"
+    fi
+    if [ -f "$F/flow/wave_diff/wave_diff.json" ]; then
+      cp "$F/flow/wave_diff/wave_diff.json" "docs/${NAME}_flow_diff.json"
     fi
     if [ -f "$F/run/gpu_check.json" ]; then
       "$PY" scripts/gpu_kernel_check.py "$F/run/gpu_check.json" --launches --block-sim \

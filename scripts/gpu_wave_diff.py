@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every fused stage's wave kernel against its members run alone, on the device that runs them.
+"""Every fused stage's wave kernel (or every flow run's launch) against its members run alone, on the device.
 
 Why: gpu_check compares a whole program's output with plain TVM, which says *that* a wave variant is wrong but not
 which stage. On an H100 every ``greedy+wave`` / ``lios+wave`` variant of RandWire and NASNet-A-mobile was wrong
@@ -15,6 +15,12 @@ member kernel alone (``s<stage>_<unit>``, scheduled as the build schedules it), 
 ``run`` feeds each stage random inputs, runs the members in chain order and the wave kernel, and writes
 ``OUT/wave_diff.json``: per stage the largest difference, and the stages (units) over 1e-4. ``--target llvm``
 builds CPU wave kernels, which the same ``run`` checks on the CPU (the tests do).
+
+``build --fusion flow`` does the same for flow runs (``passes/wave/flow.py``, CUDA only): each run's launch
+(``r<first stage>_flow``, with the device functions it calls) beside its members alone. ``run`` passes the launch
+zeroed counters, as the program's zeroing kernel does, and checks afterwards that every task was taken and
+counted. Every member output is an output of a flow launch, so the report lists every unit of a run whose output
+differs, in order; the first is where the run goes wrong (the later ones may only read its output).
 """
 from __future__ import annotations
 
@@ -27,8 +33,60 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 
+def _member_entry(program, u: str, sig, fname: str) -> dict:
+    """How ``run`` calls unit ``u``'s kernel alone: its arguments (a run input, or an earlier member's output)."""
+    call = program.calls[u]
+    args = [["unit", r.unit, r.index] if r.kind == "unit" and r.unit in sig.units else ["in", sig.inputs.index(r)]
+            for r in call.args]
+    return {"func": fname, "unit": u, "args": args, "outs": [([int(d) for d in o.shape], o.dtype)
+                                                              for o in call.outputs]}
+
+
+def _input_shapes(program, sig) -> list:
+    shapes = []
+    for ref in sig.inputs:
+        owner = next(u for u in sig.units if ref in program.calls[u].args)
+        call = program.calls[owner]
+        p = program.mod[call.func_name].params[call.args.index(ref)]
+        shapes.append(([int(d) for d in p.shape], str(p.dtype)))
+    return shapes
+
+
+def _flow_stages(program, sched, target) -> tuple[dict, list]:
+    """The flow runs of ``sched``: their launches (with the subroutines they call) and members alone, by GlobalVar,
+    and their entries for ``run``."""
+    import tvm
+
+    from tvm_interop.passes.cuda_build import scheduled_as_built
+    from tvm_interop.passes.wave import flow as F
+
+    records, kernels = F.plan_flow_runs(program, sched, target)
+    funcs, stages = {}, []
+    for rec in records:
+        if not rec.units:
+            continue
+        first = rec.stages[0]
+        kern = F.build_flow_kernel(program, rec.units, target, kernels, f"r{first}_flow")
+        sig = kern.signature
+        name = f"r{first}_flow"
+        funcs[tvm.ir.GlobalVar(name)] = kern.func.with_attr("global_symbol", name)
+        for sub in kern.subroutines:
+            funcs[sub.gvar] = sub.func
+        members = []
+        for u in rec.units:
+            fname = f"r{first}_{u}"
+            func = scheduled_as_built(program.mod[program.calls[u].func_name], target)
+            funcs[tvm.ir.GlobalVar(fname)] = func.with_attr("global_symbol", fname)
+            members.append(_member_entry(program, u, sig, fname))
+        stages.append({"stage": first, "stages": rec.stages, "wave": name, "groups": [list(rec.units)],
+                       "inputs": _input_shapes(program, sig), "flags": kern.num_flags,
+                       "tasks": [kern.layout.total] + [kern.layout.tasks(m) for m in range(len(kern.members))],
+                       "outputs": [[u, i] for u, i in sig.outputs], "members": members})
+    return funcs, stages
+
+
 def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "greedy",
-          model_kwargs: dict | None = None) -> None:
+          model_kwargs: dict | None = None, fusion: str = "wave") -> None:
     import tvm
 
     from tvm_interop.api import prepare_program
@@ -40,6 +98,8 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
 
     target = normalize_target(target_spec)
     gpu = target.kind.name == "cuda"
+    if fusion == "flow" and not gpu:
+        raise SystemExit("gpu_wave_diff: flow runs are CUDA launches; --fusion flow needs a CUDA target")
     os.makedirs(out_dir, exist_ok=True)
     for name in models:
         program = prepare_program(get_model(name, **(model_kwargs or {})), target, name=name)
@@ -47,36 +107,33 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
         sched = schedule_graph(program.graph, scheduler, cost, model_name=name)
         program = fusion_program(program, target)   # what apply_wave_fusion fuses (CPU: repacked weights)
         funcs, stages = {}, []
-        for si in fusable_stages(sched):
+        if fusion == "flow":
+            funcs, stages = _flow_stages(program, sched, target)
+        for si in (fusable_stages(sched) if fusion == "wave" else []):
             kernel, rec = plan_wave_stage(program, sched.stages[si].groups, target)
             if kernel is None:
                 continue
             sig = kernel.signature
             wave = f"s{si}_wave"
-            funcs[wave] = kernel.func.with_attr("global_symbol", wave)
-            inputs = []
-            for ref in sig.inputs:
-                owner = next(u for u in sig.units if ref in program.calls[u].args)
-                call = program.calls[owner]
-                p = program.mod[call.func_name].params[call.args.index(ref)]
-                inputs.append(([int(d) for d in p.shape], str(p.dtype)))
+            funcs[tvm.ir.GlobalVar(wave)] = kernel.func.with_attr("global_symbol", wave)
             members = []
             for group in rec.fused:
                 for u in group:
-                    call = program.calls[u]
-                    func = program.mod[call.func_name]
+                    func = program.mod[program.calls[u].func_name]
                     if gpu:
                         func = scheduled_as_built(func, target)
                     fname = f"s{si}_{u}"
-                    funcs[fname] = func.with_attr("global_symbol", fname)
-                    args = [["unit", r.unit, r.index] if r.kind == "unit" and r.unit in sig.units
-                            else ["in", sig.inputs.index(r)] for r in call.args]
-                    members.append({"func": fname, "unit": u, "args": args,
-                                    "outs": [([int(d) for d in o.shape], o.dtype) for o in call.outputs]})
-            stages.append({"stage": si, "wave": wave, "groups": rec.fused, "inputs": inputs,
+                    funcs[tvm.ir.GlobalVar(fname)] = func.with_attr("global_symbol", fname)
+                    members.append(_member_entry(program, u, sig, fname))
+            stages.append({"stage": si, "wave": wave, "groups": rec.fused, "inputs": _input_shapes(program, sig),
                            "outputs": [[u, i] for u, i in sig.outputs], "members": members})
+        mod = tvm.IRModule(funcs)
+        if gpu:   # the flow runs' subroutines: private device functions, as the product's CUDA build leaves them
+            from tvm_interop.passes.wave.subroutine import keep_device_subroutines
+
+            mod = keep_device_subroutines(target)(mod)
         with target:
-            lib = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+            lib = tvm.tirx.build(mod, target=target)
         path = os.path.join(out_dir, f"{name}.so")
         if gpu:
             from tvm_interop.passes.cuda_compile import export_cuda_library
@@ -86,8 +143,9 @@ def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "g
         else:
             lib.export_library(path)
         with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
-            json.dump({"target": target.kind.name, "scheduler": scheduler, "stages": stages}, f)
-        print(f"{name}: {len(stages)} fused stages, {len(funcs)} kernels -> {path}", flush=True)
+            json.dump({"target": target.kind.name, "scheduler": scheduler, "fusion": fusion, "stages": stages}, f)
+        print(f"{name}: {len(stages)} fused {'stages' if fusion == 'wave' else 'runs'}, {len(funcs)} functions -> "
+              f"{path}", flush=True)
 
 
 def run(models: list[str], in_dir: str, out_dir: str) -> dict:
@@ -119,15 +177,24 @@ def run(models: list[str], in_dir: str, out_dir: str) -> dict:
                     alone[(m["unit"], i)] = o
             fused = [tvm.runtime.tensor(np.zeros(alone[(u, i)].shape, alone[(u, i)].dtype), dev)
                      for u, i in st["outputs"]]
-            lib[st["wave"]](*ins, *fused)
+            # a flow launch takes its counters, zeroed (what the program's zeroing kernel does), after the inputs
+            flags = [tvm.runtime.tensor(np.zeros(st["flags"], "int32"), dev)] if "flags" in st else []
+            lib[st["wave"]](*ins, *flags, *fused)
             dev.sync()
             errs = [float(np.max(np.abs(f.numpy() - alone[(u, i)].numpy())))
                     for f, (u, i) in zip(fused, st["outputs"])]
             bad = [[u, e] for (u, _), e in zip(st["outputs"], errs) if not e <= TOL]
-            rows.append({"stage": st["stage"], "groups": st["groups"], "max_err": max(errs), "bad": bad})
-            if bad:
-                print(f"{name}: stage {st['stage']} wrong: {bad}", flush=True)
-        report[name] = {"device": str(dev), "scheduler": spec["scheduler"], "stages": rows,
+            row = {"stage": st["stage"], "groups": st["groups"], "max_err": max(errs), "bad": bad}
+            if flags:   # every task taken once and counted by its member: else blocks ran short or twice
+                counted = [int(v) for v in flags[0].numpy()]
+                row["counters_ok"] = counted == st["tasks"]
+                if not row["counters_ok"]:
+                    row["bad"].append(["counters", sum(a != b for a, b in zip(counted, st["tasks"]))])
+            rows.append(row)
+            if row["bad"]:
+                print(f"{name}: stage {st['stage']} wrong: {row['bad']}", flush=True)
+        report[name] = {"device": str(dev), "scheduler": spec["scheduler"], "fusion": spec.get("fusion", "wave"),
+                        "stages": rows,
                         "wrong": sum(1 for r in rows if r["bad"])}
         print(f"{name}: {len(rows)} fused stages, {report[name]['wrong']} wrong", flush=True)
     os.makedirs(out_dir, exist_ok=True)
@@ -144,13 +211,16 @@ def main(argv=None) -> int:
     b.add_argument("--dir", default=os.path.join(REPO, ".wave_diff"))
     b.add_argument("--target", default="cuda -arch=sm_90")
     b.add_argument("--scheduler", default="greedy")
+    b.add_argument("--fusion", choices=("wave", "flow"), default="wave",
+                   help="wave: each fused stage's kernel; flow: each flow run's launch (CUDA)")
     r = sub.add_parser("run", help="on the device: each wave kernel against its members")
     r.add_argument("models", nargs="+")
     r.add_argument("--dir", default=os.path.join(REPO, ".wave_diff"))
     r.add_argument("--out", default=os.environ.get("OUT", "wave_diff_out"))
     args = p.parse_args(argv)
     if args.step == "build":
-        build([m for m in args.models.split(",") if m], args.dir, args.target, args.scheduler)
+        build([m for m in args.models.split(",") if m], args.dir, args.target, args.scheduler,
+              fusion=args.fusion)
         return 0
     report = run(args.models, args.dir, args.out)
     return 1 if any(m["wrong"] for m in report.values()) else 0

@@ -378,3 +378,38 @@ def test_the_protocol_never_deadlocks_however_few_blocks_are_resident():
     # when fewer blocks fit than it has: the counter's order is what makes the waits safe
     with pytest.raises(AssertionError, match="deadlock"):
         _run_protocol(lay, members, 7, rng, taking=reversed(range(lay.total)))
+
+
+@needs_nvcc
+def test_flow_diff_builds_each_run_beside_its_members(tmp_path):
+    """``scripts/gpu_wave_diff.py build --fusion flow`` (run on a GPU by ``gpu_check.sh wave-diff``): a library per
+    model holding each run's launch and every member alone, compiled to binaries, and a spec ``run`` can follow:
+    members in the run's order, each reading run inputs or earlier members' outputs, every member output compared,
+    and the counters' expected values the layout's (every task taken, each member's counted). The run itself
+    needs the GPU; it shares its code with the wave check that the CPU runs (``test_gpu_check_script``)."""
+    from scripts_under_test import load_script
+
+    from tvm_interop.models import small_config
+
+    diff = load_script("gpu_wave_diff")
+    diff.build(["squeezenet"], str(tmp_path), CUDA, model_kwargs=small_config("squeezenet"), fusion="flow")
+    spec = json.loads((tmp_path / "squeezenet.json").read_text())
+    assert spec["fusion"] == "flow" and spec["stages"]
+    program, target = _program("squeezenet")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet")
+    runs = [r for r in F.plan_flow_runs(program, sched, target)[0] if r.units]
+    assert [st["groups"][0] for st in spec["stages"]] == [r.units for r in runs]
+    built = load_script("kernel_resources").library_kernels(str(tmp_path / "squeezenet.so"))
+    for st in spec["stages"]:
+        seen = set()
+        for m in st["members"]:
+            for a in m["args"]:
+                assert a[1] in seen if a[0] == "unit" else 0 <= a[1] < len(st["inputs"])
+            seen.add(m["unit"])
+            assert f"{m['func']}_kernel" in built
+        assert {u for u, _ in st["outputs"]} == seen
+        assert len(st["tasks"]) == st["flags"] and st["tasks"][0] == sum(st["tasks"][1:])
+        assert f"{st['wave']}_kernel" in built
+    with pytest.raises(SystemExit, match="CUDA target"):
+        diff.build(["squeezenet"], str(tmp_path / "cpu"), "llvm", model_kwargs=small_config("squeezenet"),
+                   fusion="flow")
