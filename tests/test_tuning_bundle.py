@@ -32,6 +32,10 @@ def program():
 
 
 def _measure(bundle: str, out: str, env: dict | None = None) -> dict:
+    """The device step in a child process, its kernels timed on one thread: these tests check what the rounds do
+    with the timings, not the timings. On two cores shared with other work (the other test worker, a build), TVM's
+    spinning thread pool made this step take 136 s instead of 2 s (2026-11-28), and a CI run hit the timeout."""
+    env = dict(env if env is not None else os.environ, TVM_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "tvm_interop.runtime.tuning_bundle", bundle, "-o", out, "-q"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
