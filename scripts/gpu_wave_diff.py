@@ -72,11 +72,13 @@ def _flow_stages(program, sched, target) -> tuple[dict, list]:
         funcs[tvm.ir.GlobalVar(name)] = kern.func.with_attr("global_symbol", name)
         for sub in kern.subroutines:
             funcs[sub.gvar] = sub.func
-        members = []
-        for u in rec.units:
-            fname = f"r{first}_{u}"
-            func = scheduled_as_built(program.mod[program.calls[u].func_name], target)
-            funcs[tvm.ir.GlobalVar(fname)] = func.with_attr("global_symbol", fname)
+        members, alone = [], {}
+        for u in rec.units:   # one kernel per function (NASNet-A-mobile's runs: 550 launches of 119 functions)
+            func_name = program.calls[u].func_name
+            fname = f"r{first}_{func_name}"
+            if func_name not in alone:
+                alone[func_name] = scheduled_as_built(program.mod[func_name], target)
+                funcs[tvm.ir.GlobalVar(fname)] = alone[func_name].with_attr("global_symbol", fname)
             members.append(_member_entry(program, u, sig, fname))
         stages.append({"stage": first, "stages": rec.stages, "wave": name, "groups": [list(rec.units)],
                        "inputs": _input_shapes(program, sig), "flags": kern.num_flags,
