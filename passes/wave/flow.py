@@ -303,7 +303,8 @@ def _stage_units(st: Stage) -> list[str]:
 class _Run:
     """A run being grown stage by stage: its stages, units and the block-size constraint so far."""
 
-    def __init__(self):
+    def __init__(self, shared_of):
+        self.shared_of = shared_of   # a kernel's share of the shared pools (pooled_shared_bytes, once per function)
         self.stages: list[int] = []
         self.units: list[str] = []
         self.sync_block: int | None = None
@@ -320,7 +321,7 @@ class _Run:
                             f"of {block}")
                 if k.syncs:
                     block = n.stmt.threads
-        if max([self.shared] + [pooled_shared_bytes(k) for k in kernels]) + 4 > STATIC_SHARED_LIMIT:
+        if max([self.shared] + [self.shared_of(k) for k in kernels]) + 4 > STATIC_SHARED_LIMIT:
             return f"static shared memory over the {STATIC_SHARED_LIMIT} bytes a block may declare"
         if self.launches + sum(len(k.nests) for k in kernels) > MAX_MEMBERS:
             return f"over {MAX_MEMBERS} launches in one run"
@@ -332,7 +333,7 @@ class _Run:
         for k in kernels:
             if k.syncs and k.nests:
                 self.sync_block = k.nests[0].stmt.threads
-            self.shared = max(self.shared, pooled_shared_bytes(k))
+            self.shared = max(self.shared, self.shared_of(k))
             self.launches += len(k.nests)
 
 
@@ -385,7 +386,14 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
     lowered: dict = {}
     refused: dict = {}
     records: list[FlowRecord] = []
-    run = _Run()
+    pooled: dict[int, int] = {}
+
+    def shared_of(k: LoweredKernel) -> int:   # the units of one function share its lowered body: walk it once
+        if id(k.func) not in pooled:
+            pooled[id(k.func)] = pooled_shared_bytes(k)
+        return pooled[id(k.func)]
+
+    run = _Run(shared_of)
 
     def close():
         nonlocal run
@@ -393,7 +401,7 @@ def plan_flow_runs(program, schedule: Schedule, target) -> tuple[list[FlowRecord
             records.append(FlowRecord(list(run.stages), list(run.units)))
         elif run.stages:
             records.append(FlowRecord(list(run.stages), reasons=["a run of one launch: nothing to fuse"]))
-        run = _Run()
+        run = _Run(shared_of)
 
     for si, st in enumerate(schedule.stages):
         units = _stage_units(st)
@@ -453,9 +461,11 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
         names.append(fused_var.name)
         zero_names.append(zvar.name)
     mod = splice.module()
+    taken = {gv.name_hint for gv in mod.functions}
     for sub in subroutines:   # called from the flow kernels (TIR), not from Relax: added under their own names
-        if any(gv.name_hint == sub.gvar.name_hint for gv in mod.functions):
+        if sub.gvar.name_hint in taken:
             raise NotFusable(f"a function named {sub.gvar.name_hint} is in the module already")
+        taken.add(sub.gvar.name_hint)
         mod[sub.gvar] = sub.func
     return mod, names, zero_names
 

@@ -1,16 +1,16 @@
 """One copy of a kernel launch's code per flow run, however many members run it: a CUDA device function.
 
 Why: a flow run (:mod:`passes.wave.flow`) holds every launch of every unit of up to a whole model, and many of
-them run one kernel function (RandWire's 274 launches run about 30 functions). With a copy of the code per member
-the run's kernel was as large as the unfused program in one function: 17.6 MB of CUDA source for RandWire, five
-minutes of lowering and six of nvcc. TIR cannot choose a tensor pointer at run time (TVM 0.27 refuses a ``Select``
+them run one kernel function (RandWire's 274 launches run 112 functions). With a copy of the code per member the
+run's kernel was as large as the unfused program in one function: 17.6 MB of CUDA source for RandWire, 295 s of
+lowering and 389 s of nvcc here. TIR cannot choose a tensor pointer at run time (TVM 0.27 refuses a ``Select``
 or a bound ``if_then_else`` of pointers), but a call can pass different pointers. So each (kernel function,
 launch) of the run becomes a private PrimFunc with a device target, which TVM 0.27 compiles into a CUDA
 ``__device__`` function; it takes its tensors' pointers, the member's block index and the thread index, and the
 flow launch's task dispatch calls it with the member's tensors.
 
 Shared memory: CUDA allocates the ``__shared__`` arrays of every device function a kernel calls side by side, so
-a run calling 30 functions would declare their sum. A subroutine therefore declares none. Its shared buffers are
+a run calling 112 functions would declare their sum. A subroutine therefore declares none. Its shared buffers are
 views, at fixed offsets, into one pool per data type that the flow launch declares as large as the largest
 subroutine needs. A block runs one member at a time, so one pool serves them all. The launch passes the pool
 whole (its pointer, not the address of an element): TVM's ``CompactBufferAllocation`` would otherwise shrink the
