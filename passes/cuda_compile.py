@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import struct
@@ -85,6 +86,19 @@ def nvcc_command(nvcc: str, source_path: str, out_path: str, arches: list[str]) 
     return [nvcc, *nvcc_flags(arches), "-o", out_path, source_path]
 
 
+# A device function whose name ends with this is compiled as a call (``__noinline__``): the flow runs' subroutines
+# built with ``inline=False`` (``passes.wave.subroutine``). TVM's codegen has no way to mark a function, and the
+# name travels with the source, so the mark cannot be lost between the build and the export's compile.
+NOINLINE_SUFFIX = "__noinline"
+_NOINLINE_DECL = re.compile(r'(extern "C" __device__ )(void \w+' + NOINLINE_SUFFIX + r'\()')
+
+
+def with_noinline_functions(source: str) -> str:
+    """``source`` with every device function named ``*__noinline`` declared ``__noinline__`` (nvcc otherwise
+    inlines most of them into their caller)."""
+    return _NOINLINE_DECL.sub(r"\1__noinline__ \2", source)
+
+
 def _key(source: str, flags: list[str]) -> str:
     return hashlib.sha256((" ".join(flags) + "\0" + source).encode()).hexdigest()
 
@@ -92,6 +106,7 @@ def _key(source: str, flags: list[str]) -> str:
 def compile_fatbin(source: str, arches: list[str]) -> bytes:
     """nvcc (:func:`nvcc_command`) -> a fatbin with one cubin per arch (cached per source and flags in this
     process: the build compiles, the export reuses)."""
+    source = with_noinline_functions(source)
     key = _key(source, nvcc_flags(arches))
     if key in _compiled:
         return _compiled[key]

@@ -45,7 +45,10 @@
 #            directory (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here: randwire's one run
 #            of 274 launches calls 112 device functions, 8.3 MB of CUDA; both models built in 14 min), its own
 #            output (run/flow), measured after the rest under a timeout: a wait that never ends gives up after
-#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left. Then each run's
+#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left. Beside it
+#            greedy+flow_noinline, the same launches with each device function compiled as a call, not inlined
+#            (RandWire's run: 1.11 MB of machine code with nvcc's inlining): is the instruction cache what a flow
+#            launch pays for? Then each run's
 #            launch against its members alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff):
 #            if a flow variant is wrong, the first unit whose output differs.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
@@ -120,7 +123,7 @@ case "$step" in
     fi
     [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
     GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
-      --schedulers sequential,greedy,greedy+wave,greedy+flow --cudnn ''
+      --schedulers sequential,greedy,greedy+wave,greedy+flow,greedy+flow_noinline --cudnn ''
     # each flow run's launch beside its members alone (carried inside $FLOW): names the first wrong unit if any
     "$PY" scripts/gpu_wave_diff.py build --fusion flow --models "$FLOW_MODELS" --dir "$FLOW/diff"
     du -sh "$BUILD" "$ACTIVE" "$FLOW"

@@ -4,7 +4,8 @@ Why: a fused kernel (a wave, a flow run) takes the registers and shared memory o
 GPU that decides how many of its blocks an SM holds at once. This reads what nvcc decided from the library itself
 (the ``.so`` or the ``.so.xz`` that ``scripts/gpu_check.sh build`` writes), with no CUDA tool: each cubin's
 ``.nv.info.<kernel>`` section (attribute EIATTR_REGCOUNT), ``.nv.shared.<kernel>`` section (its size) and the
-block size TVM launches with (``__launch_bounds__``, EIATTR_MAX_THREADS).
+block size TVM launches with (``__launch_bounds__``, EIATTR_MAX_THREADS), and the bytes of machine code of each kernel and of each device function
+nvcc kept as a call (``.text.<name>``): the instruction cache a flow launch's members share.
 
     python scripts/kernel_resources.py .gpu_check_flow_randwire/libs/randwire.sched.so.xz --match flow_
 """
@@ -69,7 +70,7 @@ def kernel_resources(cubin: bytes) -> dict[str, dict]:
         if name.startswith(".nv.info.") and isinstance(data, bytes):
             kernel = name[len(".nv.info."):]
             res = out.setdefault(kernel, {"registers": None, "shared": sizes.get(f".nv.shared.{kernel}", 0),
-                                          "threads": None})
+                                          "threads": None, "code": sizes.get(f".text.{kernel}", 0)})
             for attr, value in info_attributes(data):
                 if attr == EIATTR_MAX_THREADS and len(value) >= 12:
                     x, y, z = struct.unpack_from("<III", value, 0)
@@ -79,6 +80,21 @@ def kernel_resources(cubin: bytes) -> dict[str, dict]:
             sym, count = struct.unpack_from("<II", value, 0)
             if symbols.get(sym) in out:
                 out[symbols[sym]]["registers"] = count
+    return out
+
+
+def device_functions(cubin: bytes) -> dict[str, int]:
+    """The device functions of one cubin that nvcc kept as functions of their own (not inlined into a caller),
+    with the bytes of their machine code. nvcc (whole-program mode) places such a function in its caller's
+    ``.text.<kernel>`` section under a local symbol ``$<kernel>$<function>``, whose size is the function's."""
+    sections = elf_sections(cubin)
+    table, names = sections.get(".symtab", b""), sections.get(".strtab", b"")
+    out: dict[str, int] = {}
+    for i in range(len(table) // 24):
+        name_off, _info, _other, _shndx, _value, size = struct.unpack_from("<IBBHQQ", table, i * 24)
+        name = names[name_off:names.index(b"\0", name_off)].decode() if name_off < len(names) else ""
+        if name.startswith("$") and name.count("$") == 2:
+            out[name.split("$")[2]] = size
     return out
 
 
@@ -104,21 +120,31 @@ def blocks_per_sm(res: dict, sm: dict = SM90) -> int | None:
     return min(by_regs, by_shared, sm["blocks"], sm["threads"] // res["threads"])
 
 
-def library_kernels(path: str) -> dict[str, dict]:
-    """Every kernel of the library at ``path`` (``.so`` or ``.so.xz``) with its resources."""
+def library_cubins(path: str) -> list[bytes]:
+    """The cubins of the library at ``path`` (``.so`` or ``.so.xz``; compressed cubins left out)."""
     from tvm_interop.passes.cuda_compile import fatbin_cubins, library_cuda_images
 
     if path.endswith(".xz"):
         with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
             f.write(lzma.decompress(open(path, "rb").read()))
             path = f.name
+    return [cubin for fmt, image in library_cuda_images(path) if fmt == "fatbin"
+            for _arch, cubin in fatbin_cubins(image) if cubin[:4] == b"\x7fELF"]
+
+
+def library_kernels(path: str) -> dict[str, dict]:
+    """Every kernel of the library at ``path`` (``.so`` or ``.so.xz``) with its resources."""
     out: dict[str, dict] = {}
-    for fmt, image in library_cuda_images(path):
-        if fmt != "fatbin":
-            continue
-        for _arch, cubin in fatbin_cubins(image):
-            if cubin[:4] == b"\x7fELF":
-                out.update(kernel_resources(cubin))
+    for cubin in library_cubins(path):
+        out.update(kernel_resources(cubin))
+    return out
+
+
+def library_device_functions(path: str) -> dict[str, int]:
+    """Every device function that the library's kernels call (:func:`device_functions`), with its code bytes."""
+    out: dict[str, int] = {}
+    for cubin in library_cubins(path):
+        out.update(device_functions(cubin))
     return out
 
 
@@ -131,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     if not kernels:
         print(f"no kernel matching {args.match!r} in {args.library} (or its cubins are compressed)", file=sys.stderr)
         return 1
-    print("| kernel | threads | registers | static shared (B, with the 1 KiB reserved) | blocks per SM (sm_90) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| kernel | threads | registers | static shared (B, with the 1 KiB reserved) | blocks per SM (sm_90) "
+          "| code (B) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in sorted(kernels):
         r = kernels[name]
-        print(f"| {name} | {r['threads']} | {r['registers']} | {r['shared']} | {blocks_per_sm(r)} |")
+        print(f"| {name} | {r['threads']} | {r['registers']} | {r['shared']} | {blocks_per_sm(r)} | {r['code']} |")
+    called = {k: v for k, v in library_device_functions(args.library).items() if args.match in k}
+    if called:
+        print(f"\n{len(called)} device function(s) kept as calls, {sum(called.values())} bytes of code")
     return 0
 
 

@@ -332,6 +332,42 @@ def test_compiled_shared_memory_is_one_pool_of_the_largest_subroutines_size(name
     assert summed_somewhere, "the case needs a run of two kernel functions with shared memory"
 
 
+@needs_nvcc
+def test_noinline_subroutines_stay_calls_in_the_exported_library(tmp_path):
+    """``inline=False`` (gpu_check's ``X+flow_noinline``): every device function of a run is compiled as a call
+    (``__noinline__``), one copy of its machine code however many members call it, where nvcc inlines most of
+    them into the flow kernel otherwise. Read from the cubins of the library the product's build exports
+    (``scripts/kernel_resources.py``: a function kept as a call is a symbol of its own in the kernel's code)."""
+    from scripts_under_test import load_script
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.cuda_compile import NOINLINE_SUFFIX, export_cuda_library
+    from tvm_interop.passes.lower import make_plan
+
+    resources = load_script("kernel_resources")
+    program, target = _program("squeezenet")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet")
+    built = {}
+    for inline in (True, False):
+        new_prog, new_sched, records = F.apply_flow_fusion(program, sched, target, inline=inline)
+        runs = [r for r in records if r.units]
+        assert runs
+        path = str(tmp_path / f"flow_{inline}.so")
+        export_cuda_library(build_library(new_prog, new_sched, make_plan(new_prog, new_sched), target), path,
+                            ["sm_90"])
+        code = {k: v["code"] for k, v in resources.library_kernels(path).items()
+                if k.startswith("flow_") and not k.startswith("flow_zero_")}
+        assert len(code) == len(runs)
+        built[inline] = (set(_subroutines(new_prog)), resources.library_device_functions(path), sum(code.values()),
+                         sum(r.members for r in runs))
+    subs, called, code, members = built[False]
+    assert subs and all(n.endswith(NOINLINE_SUFFIX) for n in subs)
+    assert set(called) == subs   # every one a call, none inlined
+    inline_subs, inline_called, inline_code, _ = built[True]
+    assert not any(n.endswith(NOINLINE_SUFFIX) for n in inline_subs) and len(inline_called) < len(inline_subs)
+    assert len(subs) < members   # some function runs several members: inlined, its code is there once per call
+    assert code < inline_code, (code, inline_code)
+
+
 def _run_protocol(lay, members, slots: int, rng, taking=None) -> list[int]:
     """The launch's protocol played out with ``slots`` blocks resident at once, in a random interleaving: a free slot
     takes the next task from the counter; a block whose member's producers are not all counted waits, holding its

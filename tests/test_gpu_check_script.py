@@ -1021,8 +1021,12 @@ def test_flow_variants_count_as_fused_for_issue_15_and_never_as_streams():
     wv = targets.wave_over_streams({"models": [{"name": "randwire", "variants": vs}]})["randwire"]
     assert (wv["wave"], wv["streams"]) == ("greedy+flow (dependency)", "greedy (dependency)")
     assert wv["speedup"] == pytest.approx(2.0) and wv["met"]
-    assert [fusion_of(s) for s in ("greedy+flow", "lios+wave", "ios")] == [("greedy", "+flow"), ("lios", "+wave"),
-                                                                           ("ios", "")]
+    # the variant with the device functions kept as calls is a flow variant too
+    vs.append({"name": "greedy+flow_noinline", "median_ms": 0.25, "ok": True})
+    wv = targets.wave_over_streams({"models": [{"name": "randwire", "variants": vs}]})["randwire"]
+    assert (wv["wave"], wv["streams"]) == ("greedy+flow_noinline", "greedy (dependency)")
+    assert [fusion_of(s) for s in ("greedy+flow", "greedy+flow_noinline", "lios+wave", "ios")] == [
+        ("greedy", "+flow"), ("greedy", "+flow_noinline"), ("lios", "+wave"), ("ios", "")]
 
 
 def test_flow_variants_are_left_out_of_a_cpu_dry_run(tmp_path):
@@ -1030,8 +1034,9 @@ def test_flow_variants_are_left_out_of_a_cpu_dry_run(tmp_path):
     says so and builds the rest."""
     d = str(tmp_path / "build")
     r = _gc("build", "--target", "llvm", "--models", "squeezenet", "--width", "0.125", "--image-size", "32",
-            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy+flow", "--modes", "stage")
+            "--dir", d, "--no-kit", "--schedulers", "sequential,greedy+flow,greedy+flow_noinline", "--modes", "stage")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "greedy+flow: flow fusion builds a persistent CUDA launch; not on a CPU dry run, skipped" in r.stderr
+    assert "greedy+flow_noinline: flow fusion builds a persistent CUDA launch; not on a CPU dry run" in r.stderr
     names = {v["name"] for v in json.load(open(os.path.join(d, "manifest.json")))["models"][0]["variants"]}
     assert "sequential" in names and not any("flow" in n for n in names)

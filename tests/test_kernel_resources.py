@@ -56,3 +56,30 @@ def test_resources_match_what_ptxas_reports(tmp_path):
     assert kr.blocks_per_sm({"registers": 16, "threads": 128, "shared": 0}) == 16
     assert kr.blocks_per_sm({"registers": 16, "threads": 128, "shared": 60 * 1024}) == 3
     assert kr.blocks_per_sm({"registers": None, "threads": 128, "shared": 0}) is None
+
+
+CALLS = r"""
+extern "C" __device__ __noinline__ void kept(float* x, int i) { x[i] = x[i] * 2.0f + 1.0f; }
+extern "C" __device__ void inlined(float* x, int i) { x[i] += 3.0f; }
+extern "C" __global__ void __launch_bounds__(128) caller(float* x) {
+  kept(x, threadIdx.x);
+  inlined(x, threadIdx.x);
+  kept(x, threadIdx.x + 128);
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc to make a cubin")
+def test_device_functions_are_those_ptxas_kept_as_calls(tmp_path):
+    """A device function nvcc did not inline has a symbol of its own inside its caller's code, whose size the
+    kernel's code bytes include; the functions found are the ones ptxas lists beside the kernels."""
+    kr = load_script("kernel_resources")
+    src, cubin = tmp_path / "c.cu", tmp_path / "c.cubin"
+    src.write_text(CALLS)
+    log = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(cubin), str(src)],
+                         capture_output=True, text=True, check=True).stderr
+    listed = set(re.findall(r"Function properties for (\w+)", log)) - {"caller"}
+    found = kr.device_functions(cubin.read_bytes())
+    assert set(found) == listed == {"kept"}
+    code = kr.kernel_resources(cubin.read_bytes())["caller"]["code"]
+    assert 0 < found["kept"] < code

@@ -227,10 +227,10 @@ class FlowKernel:
 
 
 def build_flow_kernel(program, units: list[str], target, kernels: dict[str, LoweredKernel],
-                      name: str = "flow") -> FlowKernel:
+                      name: str = "flow", inline: bool = True) -> FlowKernel:
     """Fuse ``units`` (whole stages, in the schedule's order) into one flow launch (``kernels``: each unit's
     lowered kernel; units of one kernel function may share one). ``name`` prefixes the subroutines' names, which
-    must be unique in the module."""
+    must be unique in the module; ``inline=False`` has them compiled as calls (:func:`make_subroutine`)."""
     sig = wave_signature(program, [list(units)])
     members = flow_members(program, units, kernels)
     if len(members) > MAX_MEMBERS:
@@ -244,7 +244,7 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
         key = (program.calls[mem.unit].func_name, mem.nest)
         if key not in subs:
             subs[key] = make_subroutine(kernels[mem.unit], mem.nest, lay.block, lay.grids[m],
-                                        f"{name}_{key[0]}_{key[1]}")
+                                        f"{name}_{key[0]}_{key[1]}", inline)
     need: dict[str, int] = {}
     for sub in subs.values():
         for dtype, n in sub.layout.need.items():
@@ -262,7 +262,7 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
     attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}
     attrs.update({"tirx.is_scheduled": True, "tirx.noalias": True,
                   FLOW_ATTR: json.dumps({"units": list(units), "members": len(members), "codegen": FLOW_CODEGEN,
-                                         "subroutines": len(subs)})})
+                                         "subroutines": len(subs), "inline": inline})})
     func = tirx.PrimFunc(params, launch, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
     return FlowKernel(in_root_block(func), sig, len(members) + 1, members, lay, list(subs.values()))
 
@@ -470,8 +470,9 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
     return mod, names, zero_names
 
 
-def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""):
-    """Fuse every run of consecutive stages that can share a flow launch (CUDA targets only).
+def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = "", inline: bool = True):
+    """Fuse every run of consecutive stages that can share a flow launch (CUDA targets only); ``inline=False``
+    compiles each run's device functions as calls (:func:`subroutine.make_subroutine`).
 
     Returns ``(new_program, new_schedule, records)``: each run's stages become one stage of one group (the zeroing
     kernel, then the flow launch); stages left out keep their groups. ``schedule.options["flow"]`` records every
@@ -489,7 +490,8 @@ def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""
         if not rec.units:
             continue
         try:
-            kern = build_flow_kernel(program, rec.units, target, cache, f"{name_prefix}flow{len(kernels)}")
+            kern = build_flow_kernel(program, rec.units, target, cache, f"{name_prefix}flow{len(kernels)}",
+                                     inline)
         except NotFusable as why:
             rec.reasons.append(str(why))
             rec.units = []

@@ -25,6 +25,7 @@ import tvm
 from tvm import tirx
 from tvm.tirx import stmt as S
 
+from ..cuda_compile import NOINLINE_SUFFIX
 from .cuda import Launch, member_stmt
 from .lowered import LoweredKernel, NotFusable, rebuild
 
@@ -144,10 +145,19 @@ def _into_pools(layout: SharedLayout, views: dict):
     return rewrite
 
 
-def make_subroutine(kern: LoweredKernel, nest: int, block: int, grid: int, name: str) -> Subroutine:
+def make_subroutine(kern: LoweredKernel, nest: int, block: int, grid: int, name: str,
+                    inline: bool = True) -> Subroutine:
     """Launch ``nest`` of ``kern`` as a device function for a flow run whose blocks have ``block`` threads (the
     launch's ``grid`` blocks there, :func:`cuda.member_stmt`): parameters its tensors' pointers (in the kernel's
-    parameter order), the member's block index and the fused thread index (``int64``), then the pools."""
+    parameter order), the member's block index and the fused thread index (``int64``), then the pools.
+
+    ``inline=False`` names it so that the build compiles it as a function of its own that the flow kernel calls
+    (``cuda_compile.with_noinline_functions``): one copy of its machine code however many call sites it has, where
+    nvcc inlines most subroutines into the kernel (RandWire's run: 6 of 112 kept as calls) and the kernel's code
+    stays close to one copy per member. The variant that tells whether the instruction cache is what a flow
+    launch pays for."""
+    if not inline:
+        name += NOINLINE_SUFFIX
     la: Launch = kern.nests[nest].stmt
     allocs = shared_allocations(list(kern.decls) + [la.body])
     layout = shared_layout(allocs)

@@ -20,7 +20,7 @@ from typing import Any
 from tvm_interop.runtime import atomic
 from tvm_interop.runtime.model import export_library
 
-from .common import CARRY_LIMIT, FLOW, FUNC, WAVE, fusion_of
+from .common import CARRY_LIMIT, FLOW, FLOWS, FUNC, WAVE, fusion_of
 from .device import SOURCE_FORMATS, cuda_kernel_formats
 
 
@@ -268,7 +268,7 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
     made = []   # (spec, label, schedule)
     for spec in [s for s in ctx.args.schedulers.split(",") if s and (waves or not fusion_of(s)[1])]:
         sname, fusion = fusion_of(spec)
-        if fusion == FLOW and not ctx.gpu:
+        if fusion in FLOWS and not ctx.gpu:
             log(f"  {name}: {spec}: flow fusion builds a persistent CUDA launch; not on a CPU dry run, skipped")
             continue
         if sname not in available_schedulers():
@@ -299,10 +299,14 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
                 continue
             log(f"  {name}: {spec}: {len(fused)} of {len(records)} stages fused, "
                 f"{sum(len(r.left) for r in fused)} groups left beside their fused kernel")
-        elif spec.endswith(FLOW):   # runs of whole stages in one persistent launch, blocks waiting on counters
+        elif fusion in FLOWS:   # runs of whole stages in one persistent launch, blocks waiting on counters
             from tvm_interop.passes.wave.flow import apply_flow_fusion
 
-            prog, sched, records = apply_flow_fusion(prog, sched, ctx.target, name_prefix=f"{sname}_")
+            # +flow_noinline: the device functions kept as calls (one copy of each in the machine code), under
+            # names of their own, since both variants' kernels go into one library
+            inline = fusion == FLOW
+            prog, sched, records = apply_flow_fusion(prog, sched, ctx.target, inline=inline,
+                                                     name_prefix=f"{sname}_" if inline else f"{sname}_noinline_")
             runs = [r for r in records if r.units]
             if not runs:
                 log(f"  {name}: {spec}: no run of stages fused, skipped")

@@ -9,7 +9,9 @@ DEFAULT_DIR = os.path.join(REPO, ".gpu_check")
 SCHEDULERS = ("sequential", "greedy", "lios", "ios", "greedy+wave", "lios+wave")
 WAVE = "+wave"   # scheduler suffix: the schedule with every fusable stage fused into one kernel (passes.wave)
 FLOW = "+flow"   # scheduler suffix: runs of whole stages in one persistent launch (passes.wave.flow; CUDA only)
-FUSIONS = (WAVE, FLOW)
+FLOW_NOINLINE = "+flow_noinline"   # the same with each run's device functions compiled as calls (not inlined)
+FLOWS = (FLOW, FLOW_NOINLINE)
+FUSIONS = (WAVE, FLOW, FLOW_NOINLINE)
 
 
 def fusion_of(spec: str) -> tuple[str, str]:

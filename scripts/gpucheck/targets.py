@@ -24,7 +24,8 @@ BEST_MODELS = ("inception_v3", "googlenet", "nasnet_a_mobile", "randwire")
 WAVE_MODELS = ("randwire", "nasnet_a_mobile")
 TORCH_GRAPH = "PyTorch eager (cuDNN) + CUDA graph"
 PLAIN = ("plain TVM", "PyTorch")
-FUSED = ("+wave", "+flow")   # variants whose stages run fused (scripts/gpucheck/common.FUSIONS)
+FUSED = ("+wave", "+flow")   # variants whose stages run fused (scripts/gpucheck/common.FUSIONS: "+flow" is in
+                             # "+flow_noinline")
 
 
 def _fused(name: str) -> bool:
