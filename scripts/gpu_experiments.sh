@@ -48,7 +48,9 @@
 #            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left. Beside it
 #            greedy+flow_noinline, the same launches with each device function compiled as a call, not inlined
 #            (RandWire's run: 1.11 MB of machine code with nvcc's inlining): is the instruction cache what a flow
-#            launch pays for? Then each run's
+#            launch pays for? And greedy+flow_coarse, one task per block of a repacked member's own (RandWire's
+#            run: 60,306 tasks, 57,086 of them repacked element-wise and depthwise blocks, each task taken from one
+#            counter): is handing out tasks what it pays for? Then each run's
 #            launch against its members alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff):
 #            if a flow variant is wrong, the first unit whose output differs.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
@@ -123,7 +125,7 @@ case "$step" in
     fi
     [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
     GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
-      --schedulers sequential,greedy,greedy+wave,greedy+flow,greedy+flow_noinline --cudnn ''
+      --schedulers sequential,greedy,greedy+wave,greedy+flow,greedy+flow_noinline,greedy+flow_coarse --cudnn ''
     # each flow run's launch beside its members alone (carried inside $FLOW): names the first wrong unit if any
     "$PY" scripts/gpu_wave_diff.py build --fusion flow --models "$FLOW_MODELS" --dir "$FLOW/diff"
     du -sh "$BUILD" "$ACTIVE" "$FLOW"

@@ -39,8 +39,9 @@ class _Shape:
     grid: int
 
 
+@pytest.mark.parametrize("coarsen", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_layout_gives_every_member_its_tasks_once_in_order(seed):
+def test_layout_gives_every_member_its_tasks_once_in_order(seed, coarsen):
     rng = random.Random(seed)
     block = rng.choice([64, 128, 256])
     members = []
@@ -50,15 +51,20 @@ def test_layout_gives_every_member_its_tasks_once_in_order(seed):
         members.append(F.FlowMember(f"u{len(members)}", _Shape(threads, rng.randint(1, 40)), syncs))
     if not any(m.syncs for m in members):
         block = max(m.launch.threads for m in members)
-    lay = F.layout(members)
+    lay = F.layout(members, coarsen)
     assert lay.block == block
     owner = []
     for m, mem in enumerate(members):
         assert lay.starts[m] == (lay.offsets[m - 1] + lay.grids[m - 1] if m else 0)   # contiguous, in order
         assert lay.offsets[m] >= lay.starts[m]
-        assert lay.grids[m] * lay.block >= mem.launch.grid * mem.launch.threads   # every member thread has a slot
+        # every member thread has a slot, in tasks of per_task blocks
+        assert lay.repacked[m] * lay.block >= mem.launch.grid * mem.launch.threads
+        assert (lay.grids[m] - 1) * lay.per_task[m] < lay.repacked[m] <= lay.grids[m] * lay.per_task[m]
         if mem.launch.threads == block:
-            assert lay.grids[m] == mem.launch.grid and lay.offsets[m] == lay.starts[m]
+            assert lay.grids[m] == mem.launch.grid and lay.offsets[m] == lay.starts[m] and lay.per_task[m] == 1
+        elif coarsen:   # a task per block of its own (fewer when its block is narrower than the run's)
+            assert lay.grids[m] == (mem.launch.grid if mem.launch.threads % block == 0 else lay.grids[m])
+            assert lay.grids[m] <= max(mem.launch.grid, lay.repacked[m]) and lay.offsets[m] == lay.starts[m]
         else:   # a repacked member starts at a whole block of its own (partition.repack_alignment)
             assert lay.offsets[m] * block % mem.launch.threads == 0
         owner += [m] * lay.tasks(m)
@@ -222,6 +228,46 @@ def test_flow_launch_emulated_on_the_cpu_computes_the_model(scheduler):
     flags = tensors[1].numpy()
     assert flags[0] == run.tasks   # every task taken once
     assert list(flags[1:]) == [F.layout(members).tasks(m) for m in range(len(members))]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("coarsen", [False, True])
+def test_coarsened_tasks_emulated_on_the_cpu_compute_the_model(coarsen):
+    """``coarsen``: a member repacked into the run's narrower blocks gets one task per block of its own, which
+    runs its repacked blocks in a loop. To have such members in a run that the CPU emulates exactly, the
+    256-thread max pools are declared synchronising (which only makes the run keep their block: 256 threads);
+    the 1024-thread element-wise kernels are then repacked 4 to 1, and, coarsened, each task runs 4 blocks."""
+    from dataclasses import replace
+
+    mod = _pools_and_adds()
+    target = normalize_target(CUDA)
+    program = prepare_program(mod, target, name="pools")
+    sched = schedule_graph(program.graph, "sequential", "sim:h100")
+    records, kernels = F.plan_flow_runs(program, sched, target)
+    (run,) = [r for r in records if r.units]
+    kernels = {u: replace(k, syncs=True) if k.nests[0].stmt.threads == 256 else k for u, k in kernels.items()}
+    kern = F.build_flow_kernel(program, run.units, target, kernels, coarsen=coarsen)
+    lay = kern.layout
+    assert lay.block == 256
+    assert lay.per_task == [4 if coarsen and m.launch.threads == 1024 else 1 for m in kern.members]
+    assert set(lay.per_task) == ({1, 4} if coarsen else {1})
+    fine = F.layout(kern.members)
+    assert lay.total == (sum(m.launch.grid for m in kern.members) if coarsen else fine.total)
+    assert not coarsen or lay.total < fine.total
+    lib = tvm.tirx.build(tvm.IRModule({"main": _emulated(kern.func, {sub.gvar.name_hint: sub.func
+                                                                    for sub in kern.subroutines})}),
+                         target=tvm.target.Target({"kind": "llvm"}))
+    x = np.random.default_rng(1).standard_normal((1, 24, 20, 20)).astype("float32")
+    tensors = [tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype))) for p in kern.func.params]
+    tensors[0] = tvm.runtime.tensor(x)
+    lib["main"](*tensors)
+    outputs = dict(zip(kern.signature.outputs, [t.numpy() for t in tensors[-len(kern.signature.outputs):]]))
+    c, d = tvm_interop.run_reference(mod, [x])
+    unit_of = {program.calls[u].func_name: u for u in run.units}
+    np.testing.assert_allclose(outputs[(unit_of["max_pool2d1"], 0)], c, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outputs[(unit_of["multiply"], 0)], d, rtol=1e-6, atol=1e-6)
+    flags = tensors[1].numpy()
+    assert flags[0] == lay.total and list(flags[1:]) == [lay.tasks(m) for m in range(len(kern.members))]
 
 
 @needs_nvcc

@@ -1025,8 +1025,9 @@ def test_flow_variants_count_as_fused_for_issue_15_and_never_as_streams():
     vs.append({"name": "greedy+flow_noinline", "median_ms": 0.25, "ok": True})
     wv = targets.wave_over_streams({"models": [{"name": "randwire", "variants": vs}]})["randwire"]
     assert (wv["wave"], wv["streams"]) == ("greedy+flow_noinline", "greedy (dependency)")
-    assert [fusion_of(s) for s in ("greedy+flow", "greedy+flow_noinline", "lios+wave", "ios")] == [
-        ("greedy", "+flow"), ("greedy", "+flow_noinline"), ("lios", "+wave"), ("ios", "")]
+    assert [fusion_of(s) for s in ("greedy+flow", "greedy+flow_noinline", "greedy+flow_coarse", "lios+wave",
+                                   "ios")] == [("greedy", "+flow"), ("greedy", "+flow_noinline"),
+                                               ("greedy", "+flow_coarse"), ("lios", "+wave"), ("ios", "")]
 
 
 def test_flow_variants_are_left_out_of_a_cpu_dry_run(tmp_path):

@@ -70,13 +70,17 @@ class FlowMember:
 @dataclass
 class FlowLayout:
     """The run's tasks: member ``m`` owns tasks ``[starts[m], offsets[m] + grids[m])``; the first ``offsets[m] -
-    starts[m]`` of them are alignment blocks that skip the body (:func:`partition.repack_alignment`)."""
+    starts[m]`` of them are alignment blocks that skip the body (:func:`partition.repack_alignment`). Member
+    ``m`` has ``repacked[m]`` blocks of the run's size (its grid, or its threads repacked), ``per_task[m]`` of
+    them to a task (:func:`coarse_factor`)."""
 
     block: int
     grids: list[int]
     starts: list[int]
     offsets: list[int]
     total: int
+    repacked: list[int]
+    per_task: list[int]
 
     def tasks(self, m: int) -> int:
         """How many tasks member ``m`` owns: the count its consumers wait for."""
@@ -92,16 +96,33 @@ def flow_block_size(members: list[FlowMember]) -> int:
     return syncing.pop() if syncing else max(m.launch.threads for m in members)
 
 
-def layout(members: list[FlowMember]) -> FlowLayout:
-    """Tasks of ``members`` laid end to end in order (each member's grid, or its threads repacked into the run's
-    blocks, aligned as in a wave)."""
+def coarse_factor(threads: int, block: int) -> int:
+    """Blocks of the run's size that one task of a member with ``threads``-thread blocks runs when the run is
+    coarsened: as many as one of the member's own blocks holds, so its tasks are as many as its blocks.
+
+    Why: a member whose blocks are wider than the run's (TVM's element-wise kernels launch 1024 threads, the
+    convolutions that set a run's block 128) is repacked into 8x as many blocks, and every task costs a take from
+    the one task counter, a barrier, a fence and a count. In RandWire's run such members held 57,086 of the
+    60,306 tasks. A coarsened task runs its blocks one after another in a loop (the member's threads do not
+    synchronise, which is why they could be repacked)."""
+    return max(1, threads // block)
+
+
+def layout(members: list[FlowMember], coarsen: bool = False) -> FlowLayout:
+    """Tasks of ``members`` laid end to end in order: each member's grid, or its threads repacked into the run's
+    blocks, aligned as in a wave; ``coarsen``: a repacked member's task runs :func:`coarse_factor` blocks and
+    needs no alignment (a subroutine takes its block index as a parameter, which the compiler cannot see
+    through)."""
     block = flow_block_size(members)
-    grids = [m.launch.grid if m.launch.threads == block else repacked_blocks(m.launch.grid, m.launch.threads, block)
-             for m in members]
-    aligns = [1 if m.launch.threads == block else repack_alignment(m.launch.threads, block) for m in members]
+    repacked = [m.launch.grid if m.launch.threads == block
+                else repacked_blocks(m.launch.grid, m.launch.threads, block) for m in members]
+    per_task = [coarse_factor(m.launch.threads, block) if coarsen else 1 for m in members]
+    grids = [-(-r // k) for r, k in zip(repacked, per_task)]
+    aligns = [1 if m.launch.threads == block or coarsen else repack_alignment(m.launch.threads, block)
+              for m in members]
     offsets, total = block_offsets(grids, aligns)
     starts = [0] + [o + g for o, g in zip(offsets[:-1], grids[:-1])]
-    return FlowLayout(block, grids, starts, offsets, total)
+    return FlowLayout(block, grids, starts, offsets, total, repacked, per_task)
 
 
 def flow_members(program, units: list[str], kernels: dict[str, LoweredKernel]) -> list[FlowMember]:
@@ -176,12 +197,29 @@ def _dispatch(branches: list[tuple[int, object]], lo: int, hi: int, key, dtype: 
                         _dispatch(branches, lo, mid, key, dtype), _dispatch(branches, mid, hi, key, dtype))
 
 
-def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, allocs: tuple = ()):
+def _coarse_run(lay: FlowLayout, m: int, run_member, local_task, tx, name: str):
+    """Member ``m``'s task ``local_task``: its ``per_task[m]`` blocks one after another (those past its last block
+    skipped)."""
+    k = lay.per_task[m]
+    if k == 1:
+        return run_member(m, local_task, tx)
+    dtype = "int64"
+    j = tirx.Var(f"{name}_j{m}", dtype)
+    b = local_task * tirx.IntImm(dtype, k) + j
+    run = run_member(m, b, tx)
+    if lay.grids[m] * k != lay.repacked[m]:
+        run = S.IfThenElse(tirx.LT(b, tirx.IntImm(dtype, lay.repacked[m])), run, None)
+    return S.For(j, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, k), S.ForKind.SERIAL, run)
+
+
+def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, allocs: tuple = (),
+                coarsen: bool = False):
     """The launch statement (see the module docstring): ``flags`` the counter tensor, ``slot`` a one-element
     shared buffer through which thread 0 hands the block its task, ``run_member(m, local_b, tx)`` the statement
     running member ``m``'s block ``local_b`` (a call of its subroutine), under a balanced tree of tests on the
-    task; ``allocs``: further buffers the launch allocates (the shared pools)."""
-    lay = layout(members)
+    task; ``allocs``: further buffers the launch allocates (the shared pools); ``coarsen``: tasks of
+    :func:`coarse_factor` blocks (:func:`layout`)."""
+    lay = layout(members, coarsen)
     dtype = "int64"
     c = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
     bx = tirx.Var(f"{name}_bx", dtype)
@@ -197,7 +235,7 @@ def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, a
         if mem.deps:
             waits = [_wait_for(flags, spin, p, lay.tasks(p)) for p in mem.deps]
             body += [S.IfThenElse(first, S.SeqStmt(waits + [_fence()]), None), _barrier()]
-        run = run_member(m, local_b, tx)
+        run = _coarse_run(lay, m, run_member, local_b, tx, name)
         body.append(run if idle is None else S.IfThenElse(idle, run, None))
         # every thread's writes visible device-wide before the member's counter says so
         body += [_fence(), _barrier(), S.IfThenElse(first, S.Evaluate(_atomic_add(flags, _flags_index(m), 1)), None)]
@@ -227,15 +265,16 @@ class FlowKernel:
 
 
 def build_flow_kernel(program, units: list[str], target, kernels: dict[str, LoweredKernel],
-                      name: str = "flow", inline: bool = True) -> FlowKernel:
+                      name: str = "flow", inline: bool = True, coarsen: bool = False) -> FlowKernel:
     """Fuse ``units`` (whole stages, in the schedule's order) into one flow launch (``kernels``: each unit's
     lowered kernel; units of one kernel function may share one). ``name`` prefixes the subroutines' names, which
-    must be unique in the module; ``inline=False`` has them compiled as calls (:func:`make_subroutine`)."""
+    must be unique in the module; ``inline=False`` has them compiled as calls (:func:`make_subroutine`);
+    ``coarsen``: a repacked member's task runs one of its own blocks (:func:`coarse_factor`)."""
     sig = wave_signature(program, [list(units)])
     members = flow_members(program, units, kernels)
     if len(members) > MAX_MEMBERS:
         raise NotFusable(f"{len(members)} launches, over the {MAX_MEMBERS} a flow run may hold")
-    lay = layout(members)
+    lay = layout(members, coarsen)
     flags = tirx.decl_buffer((len(members) + 1,), "int32", name="flow_flags")
     params, binding = fused_param_map(program, sig, kernels, extra_inputs=[flags])
     slot = tirx.decl_buffer((1,), "int32", name="flow_task", scope="shared")
@@ -243,7 +282,7 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
     for m, mem in enumerate(members):
         key = (program.calls[mem.unit].func_name, mem.nest)
         if key not in subs:
-            subs[key] = make_subroutine(kernels[mem.unit], mem.nest, lay.block, lay.grids[m],
+            subs[key] = make_subroutine(kernels[mem.unit], mem.nest, lay.block, lay.repacked[m],
                                         f"{name}_{key[0]}_{key[1]}", inline)
     need: dict[str, int] = {}
     for sub in subs.values():
@@ -257,12 +296,13 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
         tensors = [binding[(mem.unit, pos)].data for pos in range(len(kernels[mem.unit].params))]
         return sub.call(tensors, local_b, tx, pools)
 
-    launch = flow_launch(members, flags, slot, "flow", run_member, tuple(pools.values()))
+    launch = flow_launch(members, flags, slot, "flow", run_member, tuple(pools.values()), coarsen)
     first = kernels[units[0]].func
     attrs = {k: v for k, v in (first.attrs or {}).items() if k not in ("tvm_interop.cpu_plan", "global_symbol")}
     attrs.update({"tirx.is_scheduled": True, "tirx.noalias": True,
                   FLOW_ATTR: json.dumps({"units": list(units), "members": len(members), "codegen": FLOW_CODEGEN,
-                                         "subroutines": len(subs), "inline": inline})})
+                                         "subroutines": len(subs), "inline": inline,
+                                         "coarsen": coarsen})})
     func = tirx.PrimFunc(params, launch, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
     return FlowKernel(in_root_block(func), sig, len(members) + 1, members, lay, list(subs.values()))
 
@@ -470,9 +510,11 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
     return mod, names, zero_names
 
 
-def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = "", inline: bool = True):
+def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = "", inline: bool = True,
+                      coarsen: bool = False):
     """Fuse every run of consecutive stages that can share a flow launch (CUDA targets only); ``inline=False``
-    compiles each run's device functions as calls (:func:`subroutine.make_subroutine`).
+    compiles each run's device functions as calls (:func:`subroutine.make_subroutine`); ``coarsen`` gives a
+    repacked member one task per block of its own (:func:`coarse_factor`).
 
     Returns ``(new_program, new_schedule, records)``: each run's stages become one stage of one group (the zeroing
     kernel, then the flow launch); stages left out keep their groups. ``schedule.options["flow"]`` records every
@@ -491,7 +533,7 @@ def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""
             continue
         try:
             kern = build_flow_kernel(program, rec.units, target, cache, f"{name_prefix}flow{len(kernels)}",
-                                     inline)
+                                     inline, coarsen)
         except NotFusable as why:
             rec.reasons.append(str(why))
             rec.units = []

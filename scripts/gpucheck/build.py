@@ -20,7 +20,7 @@ from typing import Any
 from tvm_interop.runtime import atomic
 from tvm_interop.runtime.model import export_library
 
-from .common import CARRY_LIMIT, FLOW, FLOWS, FUNC, WAVE, fusion_of
+from .common import CARRY_LIMIT, FLOW, FLOW_OPTIONS, FLOWS, FUNC, WAVE, fusion_of
 from .device import SOURCE_FORMATS, cuda_kernel_formats
 
 
@@ -302,11 +302,12 @@ def _lowered(ctx: BuildContext, name: str, program, waves: bool = True) -> list[
         elif fusion in FLOWS:   # runs of whole stages in one persistent launch, blocks waiting on counters
             from tvm_interop.passes.wave.flow import apply_flow_fusion
 
-            # +flow_noinline: the device functions kept as calls (one copy of each in the machine code), under
-            # names of their own, since both variants' kernels go into one library
-            inline = fusion == FLOW
-            prog, sched, records = apply_flow_fusion(prog, sched, ctx.target, inline=inline,
-                                                     name_prefix=f"{sname}_" if inline else f"{sname}_noinline_")
+            # +flow_noinline: the device functions kept as calls (one copy of each in the machine code);
+            # +flow_coarse: one task per block of a repacked member's own. Each under names of its own, since
+            # the variants' kernels go into one library
+            prefix = f"{sname}_" if fusion == FLOW else f"{sname}_{fusion[len(FLOW) + 1:]}_"
+            prog, sched, records = apply_flow_fusion(prog, sched, ctx.target, name_prefix=prefix,
+                                                     **FLOW_OPTIONS[fusion])
             runs = [r for r in records if r.units]
             if not runs:
                 log(f"  {name}: {spec}: no run of stages fused, skipped")

@@ -10,8 +10,10 @@ SCHEDULERS = ("sequential", "greedy", "lios", "ios", "greedy+wave", "lios+wave")
 WAVE = "+wave"   # scheduler suffix: the schedule with every fusable stage fused into one kernel (passes.wave)
 FLOW = "+flow"   # scheduler suffix: runs of whole stages in one persistent launch (passes.wave.flow; CUDA only)
 FLOW_NOINLINE = "+flow_noinline"   # the same with each run's device functions compiled as calls (not inlined)
-FLOWS = (FLOW, FLOW_NOINLINE)
-FUSIONS = (WAVE, FLOW, FLOW_NOINLINE)
+FLOW_COARSE = "+flow_coarse"   # the same with one task per block of a repacked member's own (passes.wave.flow)
+FLOW_OPTIONS = {FLOW: {}, FLOW_NOINLINE: {"inline": False}, FLOW_COARSE: {"coarsen": True}}   # apply_flow_fusion's
+FLOWS = tuple(FLOW_OPTIONS)
+FUSIONS = (WAVE, *FLOWS)
 
 
 def fusion_of(spec: str) -> tuple[str, str]:
