@@ -439,15 +439,18 @@ def _run_protocol(lay, members, slots: int, rng, taking=None) -> list[int]:
 
 
 @needs_nvcc
-def test_the_protocol_never_deadlocks_however_few_blocks_are_resident():
+@pytest.mark.parametrize("coarsen", [False, True])
+def test_the_protocol_never_deadlocks_however_few_blocks_are_resident(coarsen):
     """Tasks are taken in order and wait only for lower ones, so even one resident block makes progress, and every
-    task finishes after all of its producers' tasks (RandWire's greedy run, small config)."""
+    task finishes after all of its producers' tasks (RandWire's greedy run, small config; its tasks as repacked
+    blocks or, coarsened, one per block of a member's own)."""
     program, target = _program("randwire")
     sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="randwire")
     records, kernels = F.plan_flow_runs(program, sched, target)
     run = max((r for r in records if r.units), key=lambda r: len(r.units))
     members = F.flow_members(program, run.units, kernels)
-    lay = F.layout(members)
+    lay = F.layout(members, coarsen)
+    assert (lay.total < F.layout(members).total) == coarsen
     owner = [m for m in range(len(members)) for _ in range(lay.tasks(m))]
     rng = random.Random(0)
     for slots in (1, 2, 7, 132 * 7):
