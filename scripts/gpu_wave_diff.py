@@ -17,7 +17,8 @@ member kernel alone (``s<stage>_<unit>``, scheduled as the build schedules it), 
 builds CPU wave kernels, which the same ``run`` checks on the CPU (the tests do).
 
 ``build --fusion flow`` does the same for flow runs (``passes/wave/flow.py``, CUDA only): each run's launch
-(``r<first stage>_flow``, with the device functions it calls) beside its members alone. ``run`` passes the launch
+(``r<first stage>_flow``, with the device functions it calls), and the same run coarsened (``r<first
+stage>_flow_coarse``: gpu_check's ``X+flow_coarse``), beside its members alone. ``run`` passes each launch
 zeroed counters, as the program's zeroing kernel does, and checks afterwards that every task was taken and
 counted. Every member output is an output of a flow launch, so the report lists every unit of a run whose output
 differs, in order; the first is where the run goes wrong (the later ones may only read its output).
@@ -66,24 +67,28 @@ def _flow_stages(program, sched, target) -> tuple[dict, list]:
         if not rec.units:
             continue
         first = rec.stages[0]
-        kern = F.build_flow_kernel(program, rec.units, target, kernels, f"r{first}_flow")
-        sig = kern.signature
-        name = f"r{first}_flow"
-        funcs[tvm.ir.GlobalVar(name)] = kern.func.with_attr("global_symbol", name)
-        for sub in kern.subroutines:
-            funcs[sub.gvar] = sub.func
-        members, alone = [], {}
-        for u in rec.units:   # one kernel per function (NASNet-A-mobile's runs: 550 launches of 119 functions)
-            func_name = program.calls[u].func_name
-            fname = f"r{first}_{func_name}"
-            if func_name not in alone:
-                alone[func_name] = scheduled_as_built(program.mod[func_name], target)
-                funcs[tvm.ir.GlobalVar(fname)] = alone[func_name].with_attr("global_symbol", fname)
-            members.append(_member_entry(program, u, sig, fname))
-        stages.append({"stage": first, "stages": rec.stages, "wave": name, "groups": [list(rec.units)],
-                       "inputs": _input_shapes(program, sig), "flags": kern.num_flags,
-                       "tasks": [kern.layout.total] + [kern.layout.tasks(m) for m in range(len(kern.members))],
-                       "outputs": [[u, i] for u, i in sig.outputs], "members": members})
+        alone = {}
+        # the run's launch as gpu_check's X+flow builds it, and coarsened as X+flow_coarse does, beside one
+        # kernel per function that both share (NASNet-A-mobile's runs: 550 launches of 119 functions)
+        for coarsen, name in ((False, f"r{first}_flow"), (True, f"r{first}_flow_coarse")):
+            kern = F.build_flow_kernel(program, rec.units, target, kernels, name, coarsen=coarsen)
+            sig = kern.signature
+            funcs[tvm.ir.GlobalVar(name)] = kern.func.with_attr("global_symbol", name)
+            for sub in kern.subroutines:
+                funcs[sub.gvar] = sub.func
+            members = []
+            for u in rec.units:
+                func_name = program.calls[u].func_name
+                fname = f"r{first}_{func_name}"
+                if func_name not in alone:
+                    alone[func_name] = scheduled_as_built(program.mod[func_name], target)
+                    funcs[tvm.ir.GlobalVar(fname)] = alone[func_name].with_attr("global_symbol", fname)
+                members.append(_member_entry(program, u, sig, fname))
+            stages.append({"stage": first, "stages": rec.stages, "wave": name, "coarsen": coarsen,
+                           "groups": [list(rec.units)], "inputs": _input_shapes(program, sig),
+                           "flags": kern.num_flags,
+                           "tasks": [kern.layout.total] + [kern.layout.tasks(m) for m in range(len(kern.members))],
+                           "outputs": [[u, i] for u, i in sig.outputs], "members": members})
     return funcs, stages
 
 
@@ -186,7 +191,8 @@ def run(models: list[str], in_dir: str, out_dir: str) -> dict:
             errs = [float(np.max(np.abs(f.numpy() - alone[(u, i)].numpy())))
                     for f, (u, i) in zip(fused, st["outputs"])]
             bad = [[u, e] for (u, _), e in zip(st["outputs"], errs) if not e <= TOL]
-            row = {"stage": st["stage"], "groups": st["groups"], "max_err": max(errs), "bad": bad}
+            row = {"stage": st["stage"], "launch": st["wave"], "groups": st["groups"], "max_err": max(errs),
+                   "bad": bad}
             if flags:   # every task taken once and counted by its member: else blocks ran short or twice
                 counted = [int(v) for v in flags[0].numpy()]
                 row["counters_ok"] = counted == st["tasks"]
@@ -194,7 +200,7 @@ def run(models: list[str], in_dir: str, out_dir: str) -> dict:
                     row["bad"].append(["counters", sum(a != b for a, b in zip(counted, st["tasks"]))])
             rows.append(row)
             if row["bad"]:
-                print(f"{name}: stage {st['stage']} wrong: {row['bad']}", flush=True)
+                print(f"{name}: stage {st['stage']} ({st['wave']}) wrong: {row['bad']}", flush=True)
         report[name] = {"device": str(dev), "scheduler": spec["scheduler"], "fusion": spec.get("fusion", "wave"),
                         "stages": rows,
                         "wrong": sum(1 for r in rows if r["bad"])}

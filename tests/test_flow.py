@@ -482,8 +482,13 @@ def test_flow_diff_builds_each_run_beside_its_members(tmp_path):
     assert spec["fusion"] == "flow" and spec["stages"]
     program, target = _program("squeezenet")
     sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="squeezenet")
-    runs = [r for r in F.plan_flow_runs(program, sched, target)[0] if r.units]
-    assert [st["groups"][0] for st in spec["stages"]] == [r.units for r in runs]
+    records, kernels = F.plan_flow_runs(program, sched, target)
+    runs = [r for r in records if r.units]
+    # each run twice: its launch, then coarsened
+    assert [st["groups"][0] for st in spec["stages"]] == [r.units for r in runs for _ in range(2)]
+    assert [st["coarsen"] for st in spec["stages"]] == [False, True] * len(runs)
+    fine, coarse = [st["tasks"][0] for st in spec["stages"][::2]], [st["tasks"][0] for st in spec["stages"][1::2]]
+    assert all(c <= f for c, f in zip(coarse, fine)) and sum(coarse) < sum(fine)
     built = load_script("kernel_resources").library_kernels(str(tmp_path / "squeezenet.so"))
     for st in spec["stages"]:
         seen = set()
