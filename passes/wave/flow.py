@@ -209,7 +209,10 @@ def _coarse_run(lay: FlowLayout, m: int, run_member, local_task, tx, name: str):
     run = run_member(m, b, tx)
     if lay.grids[m] * k != lay.repacked[m]:
         run = S.IfThenElse(tirx.LT(b, tirx.IntImm(dtype, lay.repacked[m])), run, None)
-    return S.For(j, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, k), S.ForKind.SERIAL, run)
+    # kept a loop (TVM's CUDA codegen writes ``#pragma unroll 1``): nvcc unrolled it, and the coarsened RandWire
+    # run's machine code grew from 1.11 to 2.16 MB, which would confound fewer tasks with more code
+    return S.For(j, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, k), S.ForKind.SERIAL, run,
+                 annotations={"disable_unroll": tirx.IntImm("int32", 1)})
 
 
 def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, allocs: tuple = (),
