@@ -6,14 +6,16 @@
 # and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
 # in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
 #
-#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): 16 min on 2 cores
+#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): about 55 min on 2 cores
 #   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
 #   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600)
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
 # Full size, 2026-11-28 on the 2-core dev machine: 16 min 16 s, 9.6 MiB of libraries + 12 MiB of search round
 # (inception_v3 138 s, squeezenet 70 s, randwire 259 s, nasnet_a_large 282 s of gpu_check build; the rest is the
 # seven schedule searches and the active round). With the pair probes and the search ended (2026-11-28, later):
-# 15 min 34 s, 9.9 MiB (inception_v3 147 s, squeezenet 57 s, randwire 260 s, nasnet_a_large 295 s). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
+# 15 min 34 s, 9.9 MiB (inception_v3 147 s, squeezenet 57 s, randwire 260 s, nasnet_a_large 295 s); the same part
+# on 2026-11-28's third machine, by hand: 7 min 44 s (75, 32, 121, 151 s). The flow part then takes 25 min and its
+# diff libraries 20 min more (three flow variants, 30 MiB; see "flow" below). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
 # part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB).
 # GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
 #
@@ -41,18 +43,17 @@
 #   flow     issue 15: RandWire and NASNet-A-mobile with greedy's stages run as flow launches (passes/wave/flow.py:
 #            runs of whole stages in one persistent launch, each block waiting only for its producers' counters)
 #            beside the same schedule as waves and as streams: does a launch without barriers between stages beat
-#            the dependency-mode CUDA graphs that beat the waves (0.96x / 0.87x on an H100)? Its own build
-#            directory (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here: randwire's one run
-#            of 274 launches calls 112 device functions, 8.3 MB of CUDA; both models built in 14 min), its own
-#            output (run/flow), measured after the rest under a timeout: a wait that never ends gives up after
-#            2^16 polls (a wrong output, not a hung GPU), and the timeout bounds what is left. Beside it
-#            greedy+flow_noinline, the same launches with each device function compiled as a call, not inlined
-#            (RandWire's run: 1.11 MB of machine code with nvcc's inlining): is the instruction cache what a flow
-#            launch pays for? And greedy+flow_coarse, one task per block of a repacked member's own (RandWire's
-#            run: 60,306 tasks, 57,086 of them repacked element-wise and depthwise blocks, each task taken from one
-#            counter): is handing out tasks what it pays for? Then each run's
-#            launch against its members alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff):
-#            if a flow variant is wrong, the first unit whose output differs.
+#            the dependency-mode CUDA graphs that beat the waves (0.96x / 0.87x on an H100)? Beside greedy+flow,
+#            two variants that each change one thing: greedy+flow_noinline, each device function compiled as a
+#            call (RandWire's run: 785 KB of machine code against 1.11 MB inlined): is it the instruction cache?
+#            greedy+flow_coarse, one task per block of a repacked member's own (RandWire's run: 20,088 tasks
+#            against 60,306, each taken from one counter): is it handing out tasks? Its own build directory
+#            (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here, the three variants: both models
+#            built in 25 min, the diff libraries in 20 min more; 30 MiB), its own output (run/flow), measured after
+#            the rest under a timeout: a wait that never ends gives up after 2^16 polls (a wrong output, not a hung GPU),
+#            and the timeout bounds what is left. Then each run's launch, plain and coarsened, against its members
+#            alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff): if a flow variant is wrong,
+#            the first unit whose output differs.
 #   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
 #            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
