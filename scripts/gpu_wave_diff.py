@@ -67,7 +67,7 @@ def _flow_stages(program, sched, target) -> tuple[dict, list]:
         if not rec.units:
             continue
         first = rec.stages[0]
-        alone = {}
+        members = None
         # the run's launch as gpu_check's X+flow builds it, and coarsened as X+flow_coarse does, beside one
         # kernel per function that both share (NASNet-A-mobile's runs: 550 launches of 119 functions)
         for coarsen, name in ((False, f"r{first}_flow"), (True, f"r{first}_flow_coarse")):
@@ -76,14 +76,16 @@ def _flow_stages(program, sched, target) -> tuple[dict, list]:
             funcs[tvm.ir.GlobalVar(name)] = kern.func.with_attr("global_symbol", name)
             for sub in kern.subroutines:
                 funcs[sub.gvar] = sub.func
-            members = []
-            for u in rec.units:
-                func_name = program.calls[u].func_name
-                fname = f"r{first}_{func_name}"
-                if func_name not in alone:
-                    alone[func_name] = scheduled_as_built(program.mod[func_name], target)
-                    funcs[tvm.ir.GlobalVar(fname)] = alone[func_name].with_attr("global_symbol", fname)
-                members.append(_member_entry(program, u, sig, fname))
+            if members is None:   # the members alone: one kernel per function, the same for both launches
+                members, alone = [], set()
+                for u in rec.units:
+                    func_name = program.calls[u].func_name
+                    fname = f"r{first}_{func_name}"
+                    if func_name not in alone:
+                        alone.add(func_name)
+                        func = scheduled_as_built(program.mod[func_name], target)
+                        funcs[tvm.ir.GlobalVar(fname)] = func.with_attr("global_symbol", fname)
+                    members.append(_member_entry(program, u, sig, fname))
             stages.append({"stage": first, "stages": rec.stages, "wave": name, "coarsen": coarsen,
                            "groups": [list(rec.units)], "inputs": _input_shapes(program, sig),
                            "flags": kern.num_flags,
