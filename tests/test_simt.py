@@ -1,0 +1,189 @@
+"""The shipped CUDA kernels run on the CPU by ``passes/simt.py``: every flow launch of a zoo model computes what
+each of its members computes alone in TVM (the unit's own PrimFunc built for the CPU), with no race, no divergent
+barrier, no out-of-bounds access and no task that would have to wait for a later one; TVM's own kernels pass the
+same checks (which is also how the emulator is checked against TVM); and each check fails on a kernel broken on
+purpose. The IR is the one TVM's CUDA codegen receives when the product's build (``build_library``) runs, i.e.
+what nvcc compiles into the library. Whether a GPU runs it fast stays for ``scripts/gpu_check.sh``."""
+import os
+
+import numpy as np
+import pytest
+import tvm
+from tvm.ir import expr as X
+from tvm.tirx import stmt as S
+
+from tvm_interop.api import prepare_program
+from tvm_interop.models import get_model, small_config
+from tvm_interop.passes import simt
+from tvm_interop.passes.schedulers import schedule_graph
+from tvm_interop.passes.target import normalize_target
+from tvm_interop.passes.wave import flow as F
+from tvm_interop.passes.wave.flow_emulation import FlowEmulation
+from tvm_interop.passes.wave.lowered import rebuild
+
+needs_nvcc = pytest.mark.skipif(not any(os.path.exists(p) for p in ("/usr/local/bin/nvcc", "/usr/local/cuda/bin/nvcc"))
+                                and not os.environ.get("CUDA_HOME"), reason="the CUDA build needs nvcc")
+pytestmark = needs_nvcc
+CUDA = "cuda -arch=sm_90"
+
+
+_CASES = {}
+
+
+def _case(key) -> FlowEmulation:
+    """A zoo model at its small config, scheduled, flow-fused with ``options``, built and captured (once per
+    session: the build with nvcc is most of a case's time)."""
+    if key not in _CASES:
+        name, scheduler, options = key
+        program = prepare_program(get_model(name, **small_config(name)), normalize_target(CUDA), name=name)
+        sched = schedule_graph(program.graph, scheduler, "sim:h100", model_name=name)
+        _CASES[key] = FlowEmulation(program, sched, CUDA, **dict(options))
+    return _CASES[key]
+
+
+VARIANTS = {"flow": (), "flow_coarse": (("coarsen", True),), "flow_noinline": (("inline", False),)}
+FLOW_CASES = ([pytest.param("squeezenet", v, id=f"squeezenet-{v}") for v in VARIANTS]
+              + [pytest.param(m, v, id=f"{m}-{v}", marks=pytest.mark.ci)
+                 for m in ("randwire", "nasnet_a_mobile") for v in VARIANTS])
+
+
+@pytest.mark.parametrize("model,variant", FLOW_CASES)
+def test_every_flow_launch_computes_its_members_without_races(model, variant):
+    case = _case((model, "greedy", VARIANTS[variant]))
+    coarsen = dict(VARIANTS[variant]).get("coarsen", False)
+    runs = case.runs()
+    assert runs
+    for run, name, sig in runs:
+        res = case.check(run, name, sig)
+        assert not res.wrong, f"{name}: members whose output differs from the unit alone: {res.wrong}"
+        assert res.counters_right, f"{name}: a task taken twice or a member's counter short"
+    assert not coarsen or any(k > 1 for run, _, _ in runs
+                              for k in F.layout(F.flow_members(case.program, run.units, case.plan_kernels),
+                                                True).per_task), "no coarsened member: the case tests nothing new"
+
+
+# ------------------------------------------------------------------ the checks fail on broken kernels
+def _without(kernels, name, pred):
+    """``kernels`` with every statement of ``name`` that ``pred`` matches replaced by a no-op."""
+    nop = S.Evaluate(tvm.tirx.IntImm("int32", 0))
+    out = dict(kernels)
+    out[name] = kernels[name].with_body(rebuild(kernels[name].body, lambda s: nop if pred(s) else s))
+    return out
+
+
+def _is_call(s, suffix):
+    return (isinstance(s, S.Evaluate) and isinstance(s.value, X.Call) and hasattr(s.value.op, "name")
+            and (s.value.op.name.endswith(suffix)
+                 or (s.value.op.name.endswith("call_extern") and s.value.args[0].value == suffix)))
+
+
+@pytest.fixture(scope="module")
+def squeezenet_flow():
+    case = _case(("squeezenet", "greedy", ()))
+    run, name, sig = case.runs()[0]
+    return case, run, name, sig
+
+
+def _shared_memory_member(case, flow_name):
+    """A device function that the run's launch calls and that stages data in shared memory between barriers."""
+    launch = case.kernels[f"{flow_name}_kernel"].script()
+    for k, f in case.kernels.items():
+        text = f.script()
+        if f"{k}(" in launch and not k.endswith("_kernel") and 'scope="shared"' in text \
+                and text.count("tvm_storage_sync") >= 2:
+            return k
+    raise AssertionError("no member with shared memory in the run")
+
+
+def test_a_missing_barrier_is_a_race(squeezenet_flow):
+    case, run, name, sig = squeezenet_flow
+    member = _shared_memory_member(case, name)
+    broken = _without(case.kernels, member, lambda s: _is_call(s, "tvm_storage_sync"))
+    with pytest.raises(simt.EmulationError, match="missing __syncthreads"):
+        case.launch(run, name, sig, broken)
+
+
+def test_a_missing_wait_is_a_race(squeezenet_flow):
+    case, run, name, sig = squeezenet_flow
+    broken = _without(case.kernels, f"{name}_kernel", lambda s: isinstance(s, S.While))
+    with pytest.raises(simt.EmulationError, match="without waiting for it"):
+        case.launch(run, name, sig, broken)
+
+
+def test_a_barrier_inside_a_branch_is_divergent(squeezenet_flow):
+    """The barrier after thread 0 takes its task, moved inside thread 0's branch."""
+    case, run, name, sig = squeezenet_flow
+    kern = case.kernels[f"{name}_kernel"]
+    sync = S.Evaluate(tvm.tirx.call_intrin("int32", "tirx.tvm_storage_sync", tvm.ir.StringImm("shared")))
+
+    def into_branch(s):
+        if isinstance(s, S.IfThenElse) and isinstance(s.then_case, S.BufferStore) and "flow_task" in s.then_case.buffer.name:
+            return S.IfThenElse(s.condition, S.SeqStmt([s.then_case, sync]), s.else_case)
+        return s
+    broken = dict(case.kernels)
+    broken[f"{name}_kernel"] = kern.with_body(rebuild(kern.body, into_branch))
+    assert broken[f"{name}_kernel"].script() != kern.script()
+    with pytest.raises(simt.EmulationError, match="divergent barrier"):
+        case.launch(run, name, sig, broken)
+
+
+def test_a_task_that_waits_for_a_later_one_is_refused(squeezenet_flow):
+    """Every wait's count raised by one: no producer is ever complete, so the first wait would spin."""
+    case, run, name, sig = squeezenet_flow
+    kern = case.kernels[f"{name}_kernel"]
+
+    def harder(s):
+        if isinstance(s, S.While):
+            c = s.condition
+            return S.While(tvm.tirx.And(tvm.tirx.LT(c.a.a, c.a.b + 1), c.b), s.body)
+        return s
+    broken = dict(case.kernels)
+    broken[f"{name}_kernel"] = kern.with_body(rebuild(kern.body, harder))
+    with pytest.raises(simt.EmulationError, match="has to wait"):
+        case.launch(run, name, sig, broken)
+
+
+def test_an_out_of_bounds_store_is_refused(squeezenet_flow):
+    """The zeroing kernel's guard removed: its 1024 threads store past the counters."""
+    case, run, name, sig = squeezenet_flow
+    zero = f"flow_zero_{name[len('flow_'):]}_kernel"
+    kern = case.kernels[zero]
+    broken = dict(case.kernels)
+    broken[zero] = kern.with_body(rebuild(kern.body, lambda s: s.then_case if isinstance(s, S.IfThenElse) else s))
+    with pytest.raises(simt.EmulationError, match="outside its"):
+        case.launch(run, name, sig, broken)
+
+
+# ------------------------------------------------------------------ TVM's own kernels, and the emulator against TVM
+def test_tvm_own_kernels_compute_each_unit_without_races():
+    """Every kernel of a plain (unfused) squeezenet build, emulated on its unit's inputs, equals the unit's
+    PrimFunc built for the CPU: the emulator agrees with TVM on TVM's default CUDA schedules (convolutions
+    through shared memory, reductions across threads and warps, pools, concatenations), and those pass the race
+    checks. A kernel TVM's build merged with an identical one is emulated once under the other's name."""
+    from tvm_interop.passes.build import build_library
+    from tvm_interop.passes.lower import make_plan
+    from tvm_interop.passes.wave.flow_emulation import ref_value, unit_outputs
+
+    program = prepare_program(get_model("squeezenet", **small_config("squeezenet")), normalize_target(CUDA),
+                              name="squeezenet")
+    sched = schedule_graph(program.graph, "sequential", "sim:h100")
+    _, modules = simt.capture_device_modules(
+        lambda: build_library(program, sched, make_plan(program, sched), normalize_target(CUDA)))
+    kernels = simt.kernels_of(modules)
+    values = unit_outputs(program, np.random.default_rng(1))
+    emulated, kinds = 0, set()
+    for unit, call in program.calls.items():
+        name = f"{call.func_name}_kernel"
+        if name not in kernels:
+            continue
+        params = [p.name for p in program.mod[call.func_name].params]
+        arrays = {n: np.ascontiguousarray(ref_value(program, values, a)).copy() for n, a in zip(params, call.args)}
+        outs = {n: np.full(o.shape, np.nan, o.dtype) for n, o in zip(params[len(call.args):], call.outputs)}
+        arrays.update(outs)
+        simt.Emulator(kernels).launch(name, [arrays[p.name[:-len("_ptr")]] for p in kernels[name].params])
+        for (n, a), ref in zip(outs.items(), values[unit]):
+            np.testing.assert_allclose(a, ref, rtol=1e-4, atol=1e-5, err_msg=f"{unit} ({name})")
+        emulated += 1
+        kinds.add(call.func_name.rstrip("0123456789_").split("_")[-1] if "conv" not in call.func_name else "conv2d")
+    assert emulated >= 0.8 * len(program.calls), (emulated, len(program.calls))
+    assert {"conv2d", "concatenate"} <= kinds, kinds
