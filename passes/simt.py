@@ -3,7 +3,7 @@
 Why: the flow and wave launches (``passes/wave``) change what runs inside a kernel: block indices re-derived, blocks
 repacked, tasks taken from a counter, waits on other blocks' counters. A GPU run finds a mistake as a wrong number
 at best; a race may even pass there by luck. This module runs the very device IR that the build compiles (the
-``IRModule`` TVM passes to ``target.build.cuda``, captured by :func:`capture_device_modules`) on NumPy:
+``IRModule`` TVM passes to ``target.build.cuda``, captured by :func:`capture_build`) on NumPy:
 
 * a block's threads run in lock step, one NumPy lane each (``if``/``while`` under a lane mask, so shared memory,
   ``__syncthreads`` and warp shuffles mean what they mean on the device); blocks run one after another in block
@@ -15,7 +15,11 @@ at best; a race may even pass there by luck. This module runs the very device IR
   reader waited for a counter that the writer (or a block that waited for it, transitively) counted up;
 * a block that would have to wait (a poll that finds its producer unfinished, i.e. a ``__nanosleep``) is an
   error: blocks run in task order, so a producer is always finished first when the task layout is right;
-* an out-of-bounds access by an active thread is an error.
+* an out-of-bounds access by an active thread is an error; so is a launch whose grid or block differs from the
+  thread extents its kernel was compiled for.
+
+:func:`capture_build` takes both halves of a build: the device functions, and the host functions' launches
+(kernel, the tensors passed, grid and block), so :meth:`Emulator.call` runs a unit the way its library does.
 
 It covers the IR that TVM's default CUDA schedules and ``passes/wave`` produce (scalars, vectors of lanes, lets,
 serial loops, shared/local buffers, ``atomicAdd``, ``__ldcg``, warp shuffles, device-function calls) and refuses
@@ -43,27 +47,101 @@ class Unsupported(NotImplementedError):
 
 
 # ------------------------------------------------------------------------------------------------ capture
-def capture_device_modules(build):
-    """Run ``build()`` (a CUDA build: ``tvm.compile``, ``build_library``...) and return (its result, the device
-    IRModules TVM handed to its CUDA codegen), i.e. the IR that becomes the shipped kernels."""
-    captured = []
+@dataclass
+class CapturedBuild:
+    """What a CUDA build compiled: ``device``, every device function TVM's CUDA codegen received; ``host``, every
+    host function as it stood when TVM split host from device code (its kernel launches: which kernel, on which
+    of the function's tensors, with which grid)."""
+
+    result: object
+    device: dict
+    host: dict
+
+
+def capture_build(build) -> CapturedBuild:
+    """Run ``build()`` (a CUDA build: ``build_library``, ``tvm.compile``...) and capture what it compiled."""
+    import sys
+
+    device, host = [], []
     original = tvm.get_global_func("target.build.cuda")
+    tir_build = sys.modules["tvm.tirx.build"]
+    split = tir_build.split_host_device_mods
 
     def capture(mod, target):
-        captured.append(mod)
+        device.append(mod)
         return original(mod, target)
 
+    def spy(mod):
+        host.append(mod)
+        return split(mod)
+
     tvm.register_global_func("target.build.cuda", capture, override=True)
+    tir_build.split_host_device_mods = spy
     try:
         result = build()
     finally:
         tvm.register_global_func("target.build.cuda", original, override=True)
-    return result, captured
+        tir_build.split_host_device_mods = split
+    funcs = lambda mods: {gv.name_hint: f for m in mods for gv, f in m.functions.items()  # noqa: E731
+                          if isinstance(f, tvm.tirx.PrimFunc)}
+    dev = funcs(device)
+    return CapturedBuild(result, dev, {k: f for k, f in funcs(host).items() if k not in dev})
 
 
-def kernels_of(modules) -> dict[str, tvm.tirx.PrimFunc]:
-    """Every device function of the captured modules, by name."""
-    return {gv.name_hint: f for mod in modules for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+@dataclass
+class KernelLaunch:
+    """One kernel launch of a host function: ``args``, per kernel parameter, the name of the host function's
+    tensor whose memory it is (or a constant); the grid and block the host launches with."""
+
+    kernel: str
+    args: list
+    grid: tuple
+    block: tuple
+
+
+_LAUNCH_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def host_launches(host_func, name: str = "") -> list[KernelLaunch]:
+    """The kernel launches of a host function, in order, each argument traced back through the buffers declared
+    on it to one of the function's own tensors."""
+    root: dict[int, str] = {}
+    out: list[KernelLaunch] = []
+
+    def data_root(e) -> str:
+        if isinstance(e, X.Call) and e.op.name.endswith("buffer_data"):
+            key = hash(e.args[0])
+            if key not in root:
+                raise Unsupported(f"{name}: a kernel argument on buffer {e.args[0].name}, declared nowhere")
+            return root[key]
+        raise Unsupported(f"{name}: a kernel argument that is not a buffer's data: {e}")
+
+    def visit(s):
+        if isinstance(s, S.DeclBuffer):
+            d = s.data
+            root[hash(s.buffer)] = (data_root(d) if isinstance(d, X.Call) and d.op.name.endswith("buffer_data")
+                                    else s.buffer.name)   # a tensor of the function's own arguments
+        elif (isinstance(s, S.Evaluate) and isinstance(s.value, X.Call) and hasattr(s.value.op, "name")
+              and s.value.op.name.endswith("call_ffi_kernel")):
+            c = s.value
+            tags = [str(t) for t in c.attrs.launch_params]
+            unknown = [t for t in tags if t not in _LAUNCH_TAGS]
+            if unknown:
+                raise Unsupported(f"{name}: a launch with {unknown} (dynamic shared memory, clusters...)")
+            ext = {}
+            for t, v in zip(tags, c.args[len(c.args) - len(tags):]):
+                if not isinstance(v, E.IntImm):
+                    raise Unsupported(f"{name}: a launch extent that is not a constant: {t} = {v}")
+                ext[t] = int(v.value)
+            args = [int(a.value) if isinstance(a, E.IntImm) else data_root(a)
+                    for a in c.args[1:len(c.args) - len(tags)]]
+            out.append(KernelLaunch(c.args[0].value, args, tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz"),
+                                    tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")))
+        return s
+    from .wave.lowered import rebuild
+
+    rebuild(host_func.body, visit)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -165,10 +243,13 @@ class Emulator:
         ``grid``/``block``: (x, y, z); by default the kernel's own constant thread extents."""
         func = self.functions[name]
         extents = _thread_extents(func.body)
-        grid = grid or tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz")
-        block = block or tuple(extents.get(f"threadIdx.{a}", 1) for a in "xyz")
-        if any(not isinstance(v, int) for v in grid + block):
-            raise Unsupported(f"{name}: launch extents that are not constants: {grid}, {block}")
+        own = (tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz"), tuple(extents.get(f"threadIdx.{a}", 1)
+                                                                          for a in "xyz"))
+        if any(not isinstance(v, int) for v in own[0] + own[1]):
+            raise Unsupported(f"{name}: thread extents that are not constants: {own}")
+        if (grid or own[0], block or own[1]) != own:
+            raise EmulationError(f"{name}: launched with grid {grid} and block {block}, compiled for {own}")
+        grid, block = own
         if len(args) != len(func.params):
             raise ValueError(f"{name} takes {len(func.params)} arguments, got {len(args)}")
         env0 = {}
@@ -187,6 +268,15 @@ class Emulator:
             env["__thread__"] = {**tid, **bid}
             blk = _Block(b, nthreads, lane)
             body(_Ctx(env, blk, launch, self), np.ones(nthreads, bool))
+
+    def call(self, launches: list[KernelLaunch], tensors: dict) -> None:
+        """Run a host function's kernel launches (:func:`host_launches`) on ``tensors`` (its tensors by name:
+        NumPy arrays, written in place), one launch after another as its stream runs them."""
+        for ln in launches:
+            missing = [a for a in ln.args if isinstance(a, str) and a not in tensors]
+            if missing:
+                raise ValueError(f"{ln.kernel}: no array for {missing}")
+            self.launch(ln.kernel, [tensors[a] if isinstance(a, str) else a for a in ln.args], ln.grid, ln.block)
 
     # -------------------------------------------------------------------------------- compile
     def _compiled_body(self, name):
