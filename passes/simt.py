@@ -116,7 +116,7 @@ def host_launches(host_func, name: str = "") -> list[KernelLaunch]:
             return root[key]
         raise Unsupported(f"{name}: a kernel argument that is not a buffer's data: {e}")
 
-    def visit(s):
+    for s in _statements(host_func.body):
         if isinstance(s, S.DeclBuffer):
             d = s.data
             root[hash(s.buffer)] = (data_root(d) if isinstance(d, X.Call) and d.op.name.endswith("buffer_data")
@@ -137,10 +137,6 @@ def host_launches(host_func, name: str = "") -> list[KernelLaunch]:
                     for a in c.args[1:len(c.args) - len(tags)]]
             out.append(KernelLaunch(c.args[0].value, args, tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz"),
                                     tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")))
-        return s
-    from .wave.lowered import rebuild
-
-    rebuild(host_func.body, visit)
     return out
 
 
@@ -168,9 +164,9 @@ class Storage:
     data: np.ndarray
     writer: np.ndarray | None = None
     w_epoch: np.ndarray | None = None
+    w_warp: np.ndarray | None = None
     r_epoch: np.ndarray | None = None
     r_warp: np.ndarray | None = None
-    atomic: bool = False
 
     @staticmethod
     def make(name: str, scope: str, data: np.ndarray) -> "Storage":
@@ -188,8 +184,10 @@ class Storage:
 
 @dataclass(frozen=True)
 class Pointer:
+    """A pointer value: an allocation and an offset into it, in scalars of its data type."""
+
     storage: Storage
-    offset: int   # in scalars of the storage
+    offset: int
 
 
 # ------------------------------------------------------------------------------------------------ launch state
@@ -203,7 +201,6 @@ class _Block:
     lane: np.ndarray
     epoch: int = 0
     before: int = 0
-    wait_polls: int = 0
 
 
 @dataclass
@@ -216,10 +213,12 @@ class Launch:
 
 
 class _Ctx:
-    __slots__ = ("env", "blk", "launch", "emu")
+    """What a compiled statement runs in: the variables (by ``hash`` of the IR variable), the block, the launch."""
 
-    def __init__(self, env, blk, launch, emu):
-        self.env, self.blk, self.launch, self.emu = env, blk, launch, emu
+    __slots__ = ("env", "blk", "launch")
+
+    def __init__(self, env, blk, launch):
+        self.env, self.blk, self.launch = env, blk, launch
 
 
 def _any(mask) -> bool:
@@ -267,7 +266,7 @@ class Emulator:
             env = dict(env0)
             env["__thread__"] = {**tid, **bid}
             blk = _Block(b, nthreads, lane)
-            body(_Ctx(env, blk, launch, self), np.ones(nthreads, bool))
+            body(_Ctx(env, blk, launch), np.ones(nthreads, bool))
 
     def call(self, launches: list[KernelLaunch], tensors: dict) -> None:
         """Run a host function's kernel launches (:func:`host_launches`) on ``tensors`` (its tensors by name:
@@ -286,7 +285,6 @@ class Emulator:
         return self._compiled[name]
 
     def _stmt(self, s, fname):
-        where = fname
         if isinstance(s, S.SeqStmt):
             parts = [self._stmt(x, fname) for x in s.seq]
 
@@ -307,7 +305,7 @@ class Emulator:
             def run(ctx, mask):
                 ptr = data(ctx, mask)
                 if not isinstance(ptr, Pointer):
-                    raise Unsupported(f"{where}: buffer {name} declared on something that is not a pointer")
+                    raise Unsupported(f"{fname}: buffer {name} declared on something that is not a pointer")
                 ctx.env[key] = ptr
             return run
         if isinstance(s, S.AllocBuffer):
@@ -316,7 +314,7 @@ class Emulator:
             n = int(np.prod([int(d) for d in buf.shape])) * _lanes(buf.dtype)
             np_dtype = _NP[_scalar_dtype(buf.dtype)]
             if scope not in ("shared", "local", "shared.dyn"):
-                raise Unsupported(f"{where}: allocation {buf.name} in scope {scope}")
+                raise Unsupported(f"{fname}: allocation {buf.name} in scope {scope}")
 
             key, fill = hash(buf), (np.nan if np.issubdtype(np_dtype, np.floating) else 0)
 
@@ -337,7 +335,7 @@ class Emulator:
             return body
         if isinstance(s, S.For):
             if s.kind not in (S.ForKind.SERIAL, S.ForKind.UNROLLED, S.ForKind.VECTORIZED):
-                raise Unsupported(f"{where}: a {s.kind} loop")
+                raise Unsupported(f"{fname}: a {s.kind} loop")
             var, lo, ext = hash(s.loop_var), self._expr(s.min, fname), self._expr(s.extent, fname)
             step = self._expr(s.step, fname) if s.step is not None else (lambda ctx, mask: 1)
             body = self._stmt(s.body, fname)
@@ -345,7 +343,7 @@ class Emulator:
             def run(ctx, mask):
                 a, n, st = lo(ctx, mask), ext(ctx, mask), step(ctx, mask)
                 if isinstance(a, np.ndarray) or isinstance(n, np.ndarray) or isinstance(st, np.ndarray):
-                    raise Unsupported(f"{where}: a loop whose bounds differ between threads")
+                    raise Unsupported(f"{fname}: a loop whose bounds differ between threads")
                 for i in range(int(a), int(a) + int(n), int(st)):
                     ctx.env[var] = i
                     body(ctx, mask)
@@ -397,9 +395,9 @@ class Emulator:
             def run(ctx, mask):
                 c = cond(ctx, mask)
                 if not np.all(np.where(mask, c, True)):
-                    raise EmulationError(f"{where}: assertion failed: {s.message_parts}")
+                    raise EmulationError(f"{fname}: assertion failed: {s.message_parts}")
             return run
-        raise Unsupported(f"{where}: statement {type(s).__name__}")
+        raise Unsupported(f"{fname}: statement {type(s).__name__}")
 
     # -------------------------------------------------------------------------------- memory access
     def _index(self, buf, indices, fname):
@@ -458,16 +456,7 @@ class Emulator:
         if isinstance(e, X.TensorLoad):
             return self._load(e, fname)
         if isinstance(e, (E.Var, X.Var)):
-            key, name = hash(e), e.name
-
-            def run(ctx, mask):
-                try:
-                    return ctx.env[key]
-                except KeyError:
-                    raise Unsupported(f"{fname}: unbound variable {name}") from None
-            return run
-        if False:
-            return self._load(e, fname)
+            return _lookup(e, f"{fname}: unbound variable {e.name}")
         if isinstance(e, E.Cast):
             v, dt = self._expr(e.value, fname), str(e.ty)
             return lambda ctx, mask: _cast(v(ctx, mask), dt)
@@ -525,7 +514,7 @@ class Emulator:
                 env = {"__thread__": ctx.env["__thread__"]}
                 for p, a in zip(params, args):
                     env[hash(p)] = a(ctx, mask)
-                body(_Ctx(env, ctx.blk, ctx.launch, self), mask)
+                body(_Ctx(env, ctx.blk, ctx.launch), mask)
                 return 0
             return run
         name = e.op.name
@@ -656,14 +645,17 @@ def _access(ctx: _Ctx, st: Storage, i: np.ndarray, mask, value, name: str, fname
     return None
 
 
+def _missing_barrier(clash, warps, idx, verb: str, other: str, name, fname, blk):
+    if clash.any():
+        raise EmulationError(f"{fname}: block {blk.index}: a thread of warp {int(warps[clash][0])} {verb} "
+                             f"{name}[{int(idx[clash][0])}], {other} since the last barrier (a missing __syncthreads)")
+
+
 def _shared_race(st, idx, warps, epoch, is_read, name, fname, blk):
+    """Shared memory between two barriers: a warp reads what another wrote, or writes what another read."""
     if is_read:
-        w = st.w_epoch[idx] == epoch
-        clash = w & (st.w_warp[idx] != warps)
-        if clash.any():
-            raise EmulationError(f"{fname}: block {blk.index}: a thread of warp {int(warps[clash][0])} reads "
-                                 f"{name}[{int(idx[clash][0])}], written by warp {int(st.w_warp[idx][clash][0])} "
-                                 "since the last barrier (a missing __syncthreads)")
+        clash = (st.w_epoch[idx] == epoch) & (st.w_warp[idx] != warps)
+        _missing_barrier(clash, warps, idx, "reads", "written by another warp", name, fname, blk)
         # readers of this epoch: one warp, or -2 when several
         lo = np.full(st.r_warp.shape, np.iinfo(np.int64).max)
         hi = np.full(st.r_warp.shape, -1)
@@ -677,12 +669,8 @@ def _shared_race(st, idx, warps, epoch, is_read, name, fname, blk):
         st.r_warp[touched] = merged
         st.r_epoch[touched] = epoch
     else:
-        r = st.r_epoch[idx] == epoch
-        clash = r & (st.r_warp[idx] != warps)
-        if clash.any():
-            raise EmulationError(f"{fname}: block {blk.index}: a thread of warp {int(warps[clash][0])} writes "
-                                 f"{name}[{int(idx[clash][0])}], read by another warp since the last barrier "
-                                 "(a missing __syncthreads)")
+        clash = (st.r_epoch[idx] == epoch) & (st.r_warp[idx] != warps)
+        _missing_barrier(clash, warps, idx, "writes", "read by another warp", name, fname, blk)
         st.w_epoch[idx] = epoch
         st.w_warp[idx] = warps
 
@@ -860,15 +848,20 @@ def _uniform(ctx, i, mask, fname, what) -> int:
     return int(vals[0])
 
 
-def _call_buffer_data(emu, e, args, fname):
-    key, name = hash(args[0]), args[0].name
+def _lookup(var, unbound: str):
+    """A variable's (or buffer's) value in the running context."""
+    key = hash(var)
 
     def run(ctx, mask):
         try:
             return ctx.env[key]
         except KeyError:
-            raise Unsupported(f"{fname}: the data of unknown buffer {name}") from None
+            raise Unsupported(unbound) from None
     return run
+
+
+def _call_buffer_data(emu, e, args, fname):
+    return _lookup(args[0], f"{fname}: the data of unknown buffer {args[0].name}")
 
 
 def _call_reinterpret(emu, e, args, fname):
@@ -911,23 +904,21 @@ _CALLS = {
 }
 
 
-def _thread_extents(stmt) -> dict:
-    """The constant extents of a kernel's ``thread_extent`` attributes, by thread tag."""
-    out = {}
+def _statements(stmt):
+    """Every statement under ``stmt``, in program order (a statement before the ones inside it)."""
+    yield stmt
+    if isinstance(stmt, S.SeqStmt):
+        for x in stmt.seq:
+            yield from _statements(x)
+    elif isinstance(stmt, (S.AttrStmt, S.For, S.While)):
+        yield from _statements(stmt.body)
+    elif isinstance(stmt, S.IfThenElse):
+        yield from _statements(stmt.then_case)
+        if stmt.else_case is not None:
+            yield from _statements(stmt.else_case)
 
-    def visit(s):
-        if isinstance(s, S.AttrStmt):
-            if s.attr_key == "thread_extent":
-                out[s.node.thread_tag] = int(s.value) if isinstance(s.value, E.IntImm) else s.value
-            visit(s.body)
-        elif isinstance(s, S.SeqStmt):
-            for x in s.seq:
-                visit(x)
-        elif isinstance(s, (S.For, S.While)):
-            visit(s.body)
-        elif isinstance(s, S.IfThenElse):
-            visit(s.then_case)
-            if s.else_case is not None:
-                visit(s.else_case)
-    visit(stmt)
-    return out
+
+def _thread_extents(stmt) -> dict:
+    """The extents of a kernel's ``thread_extent`` attributes, by thread tag."""
+    return {s.node.thread_tag: int(s.value) if isinstance(s.value, E.IntImm) else s.value
+            for s in _statements(stmt) if isinstance(s, S.AttrStmt) and s.attr_key == "thread_extent"}

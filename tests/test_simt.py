@@ -136,7 +136,8 @@ def test_a_barrier_inside_a_branch_is_divergent(squeezenet_flow):
     sync = S.Evaluate(tvm.tirx.call_intrin("int32", "tirx.tvm_storage_sync", tvm.ir.StringImm("shared")))
 
     def into_branch(s):
-        if isinstance(s, S.IfThenElse) and isinstance(s.then_case, S.BufferStore) and "flow_task" in s.then_case.buffer.name:
+        if (isinstance(s, S.IfThenElse) and isinstance(s.then_case, S.BufferStore)
+                and "flow_task" in s.then_case.buffer.name):
             return S.IfThenElse(s.condition, S.SeqStmt([s.then_case, sync]), s.else_case)
         return s
     broken = dict(case.kernels)
