@@ -905,17 +905,20 @@ _CALLS = {
 
 
 def _statements(stmt):
-    """Every statement under ``stmt``, in program order (a statement before the ones inside it)."""
-    yield stmt
-    if isinstance(stmt, S.SeqStmt):
-        for x in stmt.seq:
-            yield from _statements(x)
-    elif isinstance(stmt, (S.AttrStmt, S.For, S.While)):
-        yield from _statements(stmt.body)
-    elif isinstance(stmt, S.IfThenElse):
-        yield from _statements(stmt.then_case)
-        if stmt.else_case is not None:
-            yield from _statements(stmt.else_case)
+    """Every statement under ``stmt``, in program order (a statement before the ones inside it). Iterative: a
+    host function checks each of its tensors in a nested ``if``, hundreds deep for a flow launch's."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        yield s
+        if isinstance(s, S.SeqStmt):
+            stack.extend(reversed(list(s.seq)))
+        elif isinstance(s, (S.AttrStmt, S.For, S.While)):
+            stack.append(s.body)
+        elif isinstance(s, S.IfThenElse):
+            if s.else_case is not None:
+                stack.append(s.else_case)
+            stack.append(s.then_case)
 
 
 def _thread_extents(stmt) -> dict:
