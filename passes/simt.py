@@ -21,6 +21,9 @@ at best; a race may even pass there by luck. This module runs the very device IR
 :func:`capture_build` takes both halves of a build: the device functions, and the host functions' launches
 (kernel, the tensors passed, grid and block), so :meth:`Emulator.call` runs a unit the way its library does.
 
+Memory is sequentially consistent here and fences do nothing: whether the device makes one block's writes visible
+to another (fences, caches) is not modelled, nor speed, nor which blocks are resident at once.
+
 It covers the IR that TVM's default CUDA schedules and ``passes/wave`` produce (scalars, vectors of lanes, lets,
 serial loops, shared/local buffers, ``atomicAdd``, ``__ldcg``, warp shuffles, device-function calls) and refuses
 anything else by name, so it never runs a kernel it does not understand.
