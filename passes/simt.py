@@ -659,15 +659,15 @@ def _shared_race(st, idx, warps, epoch, is_read, name, fname, blk):
     if is_read:
         clash = (st.w_epoch[idx] == epoch) & (st.w_warp[idx] != warps)
         _missing_barrier(clash, warps, idx, "reads", "written by another warp", name, fname, blk)
-        # readers of this epoch: one warp, or -2 when several
-        lo = np.full(st.r_warp.shape, np.iinfo(np.int64).max)
-        hi = np.full(st.r_warp.shape, -1)
-        np.minimum.at(lo, idx, warps)
-        np.maximum.at(hi, idx, warps)
-        touched = np.unique(idx)
+        # readers of this epoch: one warp, or -2 when several (per element read, not per element of the buffer)
+        touched, which = np.unique(idx, return_inverse=True)
+        lo = np.full(len(touched), np.iinfo(np.int64).max)
+        hi = np.full(len(touched), -1)
+        np.minimum.at(lo, which, warps)
+        np.maximum.at(hi, which, warps)
         same_epoch = st.r_epoch[touched] == epoch
         prev = st.r_warp[touched]
-        new = np.where(lo[touched] == hi[touched], lo[touched], -2)
+        new = np.where(lo == hi, lo, -2)
         merged = np.where(same_epoch & (prev != new), -2, new)
         st.r_warp[touched] = merged
         st.r_epoch[touched] = epoch

@@ -35,7 +35,9 @@ def ref_value(program, values: dict, ref):
         return values["__inputs__"][ref.index]
     if ref.kind == "const":
         return program.constants[ref.index]
-    return values[ref.unit][ref.items[0] if ref.items else 0]
+    if ref.kind == "unit":
+        return values[ref.unit][ref.index]
+    raise simt.Unsupported(f"a {ref.kind} argument: a kernel takes tensors")
 
 
 def unit_outputs(program, rng: np.random.Generator) -> dict:
