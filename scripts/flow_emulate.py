@@ -3,7 +3,7 @@
 Why: ``scripts/gpu_check.sh build --schedulers ...,greedy+flow`` sends full-size flow launches to a GPU that this
 project sees for minutes at a time. This runs the same launches first, here: the model as gpu_check builds it
 (zoo config, batch 1, ``sim:h100``, 8 streams for greedy), flow-fused with the variant's options, built by the
-product's build (nvcc included), and the device IR that build compiled interpreted by ``passes/simt.py`` (lock-step
+product's build (nvcc included), and the device IR that build compiled interpreted by ``passes/simt/`` (lock-step
 threads, shared memory, barriers, warp shuffles, atomics; races, divergent barriers, out-of-bounds accesses and
 tasks that would wait for later ones are errors). Each member's output is compared with its unit run alone
 (the unit's PrimFunc built for the CPU). It says nothing about speed.

@@ -1,4 +1,4 @@
-"""The shipped CUDA kernels run on the CPU by ``passes/simt.py``: every flow launch and every wave-fused stage of
+"""The shipped CUDA kernels run on the CPU by ``passes/simt/``: every flow launch and every wave-fused stage of
 a zoo model computes what each of its members computes alone in TVM (the unit's own PrimFunc built for the CPU),
 with no race, no divergent barrier, no out-of-bounds access and no task that would have to wait for a later one;
 TVM's own kernels pass the same checks (which is also how the emulator is checked against TVM); and each check
