@@ -522,3 +522,22 @@ def test_a_function_seen_before_gets_its_schedule_back_without_scheduling_again(
     other = [f for n, f in _prim_funcs(_conv((1, 16, 14, 14), 32, 1)).items() if "conv2d" in n][0]
     schedule_cpu(other, TARGET)
     assert len(calls) == 3
+
+
+def test_conv_layer_benchmark_compares_before_it_times(tmp_path):
+    """``scripts/bench_conv_layers.py`` builds a layer both ways, checks the scheduled output against TVM's default
+    build, and writes the timed rows; an unknown layer name is refused with the known ones."""
+    import json
+
+    from scripts_under_test import load_script
+
+    bench = load_script("bench_conv_layers")
+    out = tmp_path / "layers.json"
+    rows = bench.main(["--target", "llvm", "--layers", "sqz_1x1_384x13_48", "--repeat", "1", "--min-time", "0.001",
+                       "--json", str(out)])
+    (row,) = rows
+    assert row["layer"] == "sqz_1x1_384x13_48" and row["max_abs_diff"] <= 1e-4
+    assert row["scheduled_ms"] > 0 and row["default_ms"] > 0 and row["speedup"] > 0
+    assert json.loads(out.read_text())["layers"][0]["flops"] == 2 * 48 * 384 * 13 * 13
+    with pytest.raises(SystemExit):
+        bench.main(["--layers", "no_such_layer"])
