@@ -239,3 +239,17 @@ def test_cuda_candidate_exported_for_another_machine_holds_binaries(tmp_path):
     export_candidate(build_candidate(mod, target), path, target)
     info = inspect_cuda_library(path)
     assert info["formats"] == ["fatbin"] and info["arches"] == ["sm_80"] and not info["source_left"], info
+
+
+def test_tuning_benchmark_reports_the_convolution_task(tmp_path):
+    """``scripts/bench_tuning.py`` tunes one layer and reports the convolution's task with seconds per trial."""
+    import json
+
+    from scripts_under_test import load_script
+
+    out = tmp_path / "tune.json"
+    summary = load_script("bench_tuning").main(["--channels", "8", "--size", "8", "--trials", "2", "--per-iter", "2",
+                                                "--db", str(tmp_path / "db"), "--json", str(out)])
+    assert summary["flops"] > 0 and "conv2d" in summary["name"]
+    assert summary["new_trials"] >= 1 and summary["seconds_per_trial"] > 0
+    assert json.loads(out.read_text())["name"] == summary["name"]
