@@ -50,7 +50,8 @@
 #            against 60,306, each taken from one counter): is it handing out tasks? Its own build directory
 #            (GPU_EXPERIMENTS_FLOW, default .gpu_check_exp_flow; 2026-11-28 here, the three variants: both models
 #            built in 25 min, the diff libraries in 20 min more; 30 MiB), its own output (run/flow), measured after
-#            the rest under a timeout: a wait that never ends gives up after 2^16 polls (a wrong output, not a hung GPU),
+#            the rest under a timeout: a wait that never ends gives up after 2^16 polls (a wrong output, not a hung GPU;
+#            it counts itself in the launch's last counter, which the diff below reads back as waits_given_up),
 #            and the timeout bounds what is left. Then each run's launch, plain and coarsened, against its members
 #            alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff): if a flow variant is wrong,
 #            the first unit whose output differs.

@@ -89,9 +89,25 @@ def _flow_stages(program, sched, target) -> tuple[dict, list]:
             stages.append({"stage": first, "stages": rec.stages, "wave": name, "coarsen": coarsen,
                            "groups": [list(rec.units)], "inputs": _input_shapes(program, sig),
                            "flags": kern.num_flags,
-                           "tasks": [kern.layout.total] + [kern.layout.tasks(m) for m in range(len(kern.members))],
+                           "tasks": kern.layout.final_counters(), "gave_up": F.gave_up_index(len(kern.members)),
                            "outputs": [[u, i] for u, i in sig.outputs], "members": members})
     return funcs, stages
+
+
+def check_counters(row: dict, counted: list[int], st: dict) -> None:
+    """A flow launch's counters read back after it ran, against the build's expectation ``st["tasks"]``: every task
+    taken once and counted by its member (else blocks ran short or twice: ``counters_ok``), and, in builds since
+    ``FLOW_CODEGEN`` 3, no wait given up (``waits_given_up``: a wrong number then comes from a wait cut short, not
+    from memory one SM read stale). Each failure is added to ``row["bad"]``."""
+    given_up = st.get("gave_up")
+    if given_up is not None:
+        row["waits_given_up"] = counted[given_up]
+        if counted[given_up]:
+            row["bad"].append(["waits given up", counted[given_up]])
+    keep = [i for i in range(len(st["tasks"])) if i != given_up]
+    row["counters_ok"] = len(counted) == len(st["tasks"]) and all(counted[i] == st["tasks"][i] for i in keep)
+    if not row["counters_ok"]:
+        row["bad"].append(["counters", sum(1 for i in keep if i >= len(counted) or counted[i] != st["tasks"][i])])
 
 
 def build(models: list[str], out_dir: str, target_spec: str, scheduler: str = "greedy",
@@ -195,18 +211,19 @@ def run(models: list[str], in_dir: str, out_dir: str) -> dict:
             bad = [[u, e] for (u, _), e in zip(st["outputs"], errs) if not e <= TOL]
             row = {"stage": st["stage"], "launch": st["wave"], "groups": st["groups"], "max_err": max(errs),
                    "bad": bad}
-            if flags:   # every task taken once and counted by its member: else blocks ran short or twice
-                counted = [int(v) for v in flags[0].numpy()]
-                row["counters_ok"] = counted == st["tasks"]
-                if not row["counters_ok"]:
-                    row["bad"].append(["counters", sum(a != b for a, b in zip(counted, st["tasks"]))])
+            if flags:
+                check_counters(row, [int(v) for v in flags[0].numpy()], st)
             rows.append(row)
             if row["bad"]:
                 print(f"{name}: stage {st['stage']} ({st['wave']}) wrong: {row['bad']}", flush=True)
         report[name] = {"device": str(dev), "scheduler": spec["scheduler"], "fusion": spec.get("fusion", "wave"),
                         "stages": rows,
                         "wrong": sum(1 for r in rows if r["bad"])}
-        print(f"{name}: {len(rows)} fused stages, {report[name]['wrong']} wrong", flush=True)
+        given_up = [r["waits_given_up"] for r in rows if "waits_given_up" in r]
+        if given_up:
+            report[name]["waits_given_up"] = sum(given_up)
+        print(f"{name}: {len(rows)} fused stages, {report[name]['wrong']} wrong"
+              + (f", {sum(given_up)} waits given up" if given_up else ""), flush=True)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "wave_diff.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)

@@ -178,7 +178,7 @@ class FlowEmulation(_Emulation):
         seconds = time.perf_counter() - t0
         wrong, worst = self.compare(outs)
         lay = F.layout(F.flow_members(self.program, run.units, self.plan_kernels), self.coarsen)
-        counters = int(flags[0]) == lay.total and list(flags[1:]) == [lay.tasks(m) for m in range(len(lay.starts))]
+        counters = [int(v) for v in flags] == lay.final_counters()
         return RunResult(name, len(run.units), lay.total, seconds, worst, wrong, counters)
 
 

@@ -14,7 +14,9 @@ chain), and one launch runs them all:
 * before its body, a task whose member has producers in the run waits until each producer's counter holds all of
   the producer's tasks (thread 0 polls the counter through L2 with growing sleeps, then fences; the block meets at
   a barrier);
-* after its body, the block fences its writes and thread 0 adds one to its member's counter.
+* after its body, the block fences its writes and thread 0 adds one to its member's counter;
+* a wait gives up after :data:`SPIN_LIMIT` polls and counts itself in the last counter, so a dependency error is
+  a wrong output, never a hung GPU, and a read-back of the counters says whether any wait gave up.
 
 Each member keeps its own thread-block shape (the block size is that of the members whose threads synchronise, the
 others are repacked, as in a wave). The code of each (kernel function, launch) is in the run once, as a device
@@ -50,8 +52,8 @@ from .subroutine import Subroutine, make_subroutine, pooled_shared_bytes
 log = logging.getLogger(__name__)
 
 FLOW_ATTR = "tvm_interop.flow"
-FLOW_CODEGEN = 2     # bump when the same members come to be fused into different code (2: one device function
-                     # per kernel function and launch, shared memory in pools)
+FLOW_CODEGEN = 3     # bump when the same members come to be fused into different code (2: one device function
+                     # per kernel function and launch, shared memory in pools; 3: a counter of waits given up)
 MAX_MEMBERS = 512    # launches per run: one counter each, and one branch each in the kernel's task dispatch
 
 
@@ -85,6 +87,11 @@ class FlowLayout:
     def tasks(self, m: int) -> int:
         """How many tasks member ``m`` owns: the count its consumers wait for."""
         return self.offsets[m] + self.grids[m] - self.starts[m]
+
+    def final_counters(self) -> list[int]:
+        """What the counters hold after a right run (:func:`num_flags` of them): every task taken, each member's
+        tasks counted, no wait given up."""
+        return [self.total] + [self.tasks(m) for m in range(len(self.grids))] + [0]
 
 
 def flow_block_size(members: list[FlowMember]) -> int:
@@ -146,6 +153,15 @@ def _flags_index(m: int) -> int:
     return 1 + m   # flags[0] hands out the tasks; flags[1 + m] counts member m's finished tasks
 
 
+def num_flags(num_members: int) -> int:
+    """The run's counters: the task hand-out, one per member, and the count of waits given up (the last)."""
+    return num_members + 2
+
+
+def gave_up_index(num_members: int) -> int:
+    return num_members + 1
+
+
 def _atomic_add(flags, index: int, value: int):
     """``atomicAdd(&flags[index], value)``: the old value."""
     counter = tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64", index)]))
@@ -171,20 +187,27 @@ def _poll(flags, index: int):
     return tirx.call_extern("int32", "__ldcg", tirx.address_of(tirx.BufferLoad(flags, [tirx.IntImm("int64", index)])))
 
 
-def _wait_for(flags, spin, producer: int, need: int):
+def _wait_for(flags, spin, producer: int, need: int, gave_up: int):
     """Thread 0 polls ``flags[1 + producer]`` until it holds ``need``, sleeping between polls (32 ns, doubling up to
     1 us) so that waiting blocks do not flood the counters' cache line. Bounded: after :data:`SPIN_LIMIT` polls
     (over 65 ms asleep, far beyond any kernel of the zoo) it stops waiting, so a wrong dependency shows as a wrong
-    output, never as a hung GPU. ``spin``: thread 0's registers, [polls, next sleep in ns]."""
+    output, never as a hung GPU; and it adds one to ``flags[gave_up]``, so that whoever reads the counters back
+    (``scripts/gpu_wave_diff.py``) tells a wait that gave up from a wrong number read after a wait that ended
+    (which would point at memory visibility between SMs). ``spin``: thread 0's registers, [polls, next sleep in
+    ns]."""
     i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
     polls, sleep = tirx.BufferLoad(spin, [i64(0)]), tirx.BufferLoad(spin, [i64(1)])
-    more = tirx.And(tirx.LT(_poll(flags, _flags_index(producer)), tirx.IntImm("int32", need)),
-                    tirx.LT(polls, tirx.IntImm("int32", SPIN_LIMIT)))
+    unfinished = tirx.LT(_poll(flags, _flags_index(producer)), tirx.IntImm("int32", need))
+    more = tirx.And(unfinished, tirx.LT(polls, tirx.IntImm("int32", SPIN_LIMIT)))
     step = S.SeqStmt([S.Evaluate(tirx.call_extern("int32", "__nanosleep", tirx.Cast("uint32", sleep))),
                       S.BufferStore(spin, polls + 1, [i64(0)]),
                       S.BufferStore(spin, tirx.min(sleep * 2, tirx.IntImm("int32", SPIN_SLEEP_NS[1])), [i64(1)])])
+    # polled to the limit and the producer still short (polled once more: it may have finished at the last poll)
+    give_up = S.IfThenElse(tirx.And(tirx.GE(polls, tirx.IntImm("int32", SPIN_LIMIT)), unfinished),
+                           S.Evaluate(_atomic_add(flags, gave_up, 1)), None)
     return S.SeqStmt([S.BufferStore(spin, tirx.IntImm("int32", 0), [i64(0)]),
-                      S.BufferStore(spin, tirx.IntImm("int32", SPIN_SLEEP_NS[0]), [i64(1)]), S.While(more, step)])
+                      S.BufferStore(spin, tirx.IntImm("int32", SPIN_SLEEP_NS[0]), [i64(1)]), S.While(more, step),
+                      give_up])
 
 
 def _dispatch(branches: list[tuple[int, object]], lo: int, hi: int, key, dtype: str):
@@ -236,7 +259,7 @@ def flow_launch(members: list[FlowMember], flags, slot, name: str, run_member, a
         idle = tirx.GE(task, c(lay.offsets[m])) if lay.offsets[m] > lay.starts[m] else None
         body = []
         if mem.deps:
-            waits = [_wait_for(flags, spin, p, lay.tasks(p)) for p in mem.deps]
+            waits = [_wait_for(flags, spin, p, lay.tasks(p), gave_up_index(len(members))) for p in mem.deps]
             body += [S.IfThenElse(first, S.SeqStmt(waits + [_fence()]), None), _barrier()]
         run = _coarse_run(lay, m, run_member, local_b, tx, name)
         body.append(run if idle is None else S.IfThenElse(idle, run, None))
@@ -278,7 +301,7 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
     if len(members) > MAX_MEMBERS:
         raise NotFusable(f"{len(members)} launches, over the {MAX_MEMBERS} a flow run may hold")
     lay = layout(members, coarsen)
-    flags = tirx.decl_buffer((len(members) + 1,), "int32", name="flow_flags")
+    flags = tirx.decl_buffer((num_flags(len(members)),), "int32", name="flow_flags")
     params, binding = fused_param_map(program, sig, kernels, extra_inputs=[flags])
     slot = tirx.decl_buffer((1,), "int32", name="flow_task", scope="shared")
     subs: dict[tuple[str, int], Subroutine] = {}
@@ -307,7 +330,7 @@ def build_flow_kernel(program, units: list[str], target, kernels: dict[str, Lowe
                                          "subroutines": len(subs), "inline": inline,
                                          "coarsen": coarsen})})
     func = tirx.PrimFunc(params, launch, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
-    return FlowKernel(in_root_block(func), sig, len(members) + 1, members, lay, list(subs.values()))
+    return FlowKernel(in_root_block(func), sig, num_flags(len(members)), members, lay, list(subs.values()))
 
 
 def zero_flags_func(like: relax.Expr, n: int) -> tirx.PrimFunc:
