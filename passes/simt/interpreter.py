@@ -13,7 +13,7 @@ from .calls import CALLS
 from .capture import KernelLaunch, thread_extents
 from .errors import EmulationError, Unsupported
 from .memory import (NP, Block, Ctx, Launch, Pointer, Storage, access, any_active, cast_value, dtype_lanes,
-                     global_pointer, lookup, per_lane, per_thread, scalar_dtype, select_value)
+                     full_mask, global_pointer, lookup, per_lane, per_thread, scalar_dtype, select_value)
 
 
 class Emulator:
@@ -247,6 +247,8 @@ class Emulator:
         if isinstance(e, E.Cast):
             v, dt = self._expr(e.value, fname), str(e.ty)
             return lambda ctx, mask: cast_value(v(ctx, mask), dt)
+        if isinstance(e, (E.And, E.Or)):
+            return self._short_circuit(e, fname)
         binop = _BINOPS.get(type(e))
         if binop is not None:
             a, b = self._expr(e.a, fname), self._expr(e.b, fname)
@@ -287,6 +289,27 @@ class Emulator:
         if isinstance(e, X.Call):
             return self._call(e, fname, statement)
         raise Unsupported(f"{fname}: expression {type(e).__name__}")
+
+    def _short_circuit(self, e, fname):
+        """``a && b`` / ``a || b`` as C evaluates them (TVM's CUDA codegen prints these operators): ``b`` only on the
+        lanes that ``a`` leaves undecided. It matters where ``b`` acts: a flow wait's give-up test re-polls its
+        counter (``__ldcg``, which acquires what was counted there) only once its polls ran out, and a race check
+        must not see that poll when the device would not make it."""
+        a, b = self._expr(e.a, fname), self._expr(e.b, fname)
+        is_and = isinstance(e, E.And)
+        combine = np.logical_and if is_and else np.logical_or
+
+        def run(ctx, mask):
+            av = a(ctx, mask)
+            if not isinstance(av, np.ndarray):
+                return b(ctx, mask) if bool(av) == is_and else av
+            if av.ndim != 1:   # a vector of lanes per thread: no calls in such conditions, both sides evaluated
+                return combine(av, b(ctx, mask))
+            undecided = full_mask(mask, ctx.blk.threads) & (av if is_and else ~av)
+            if not any_active(undecided):
+                return av
+            return combine(av, b(ctx, undecided))
+        return run
 
     def _call(self, e, fname, statement):
         if isinstance(e.op, tvm.ir.GlobalVar):   # a device function
@@ -348,11 +371,9 @@ _BINOPS = {
     E.LE: lambda _: (lambda a, b: np.less_equal(a, b)),
     E.GT: lambda _: (lambda a, b: np.greater(a, b)),
     E.GE: lambda _: (lambda a, b: np.greater_equal(a, b)),
-    E.And: lambda _: (lambda a, b: np.logical_and(a, b)),
     E.BitwiseAnd: lambda _: (lambda a, b: a & b),
     E.BitwiseOr: lambda _: (lambda a, b: a | b),
     E.BitwiseXor: lambda _: (lambda a, b: a ^ b),
     E.LShift: lambda _: (lambda a, b: a << b),
     E.RShift: lambda _: (lambda a, b: a >> b),
-    E.Or: lambda _: (lambda a, b: np.logical_or(a, b)),
 }
