@@ -214,3 +214,36 @@ def test_a_launch_whose_grid_differs_from_its_kernel_is_refused(squeezenet_flow)
     wrong = simt.KernelLaunch(ln.kernel, ln.args, (ln.grid[0] - 1,) + ln.grid[1:], ln.block)
     with pytest.raises(simt.EmulationError, match="compiled for"):
         simt.Emulator(case.kernels).call([wrong], tensors)
+
+
+def test_and_and_or_short_circuit_as_in_c():
+    """``a && b`` evaluates ``b`` only where ``a`` holds, ``a || b`` only where it fails, as the CUDA source TVM
+    prints does: a load guarded that way is never out of bounds on the lanes the guard turns away (and a poll in a
+    give-up test is not made before its polls ran out). Eight threads, eight elements, ``A[tx + 4]``."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def guarded(a: T.handle("float32", "global"), out: T.handle("float32", "global")):
+        A = T.decl_buffer((8,), "float32", data=a)
+        O = T.decl_buffer((8,), "float32", data=out)
+        tx = T.launch_thread("threadIdx.x", 8)
+        if tx < 4 and A[tx + 4] > T.float32(0):
+            O[tx] = T.float32(1)
+        if tx >= 4 or A[tx + 4] > T.float32(0):
+            O[tx] = O[tx] + T.float32(2)
+
+    @T.prim_func(private=True)
+    def unguarded(a: T.handle("float32", "global"), out: T.handle("float32", "global")):
+        A = T.decl_buffer((8,), "float32", data=a)
+        O = T.decl_buffer((8,), "float32", data=out)
+        tx = T.launch_thread("threadIdx.x", 8)
+        if A[tx + 4] > T.float32(0) and tx < 4:
+            O[tx] = T.float32(1)
+
+    x = np.arange(8, dtype="float32") - 5   # A[4:] = -1, 0, 1, 2
+    out = np.zeros(8, "float32")
+    emu = simt.Emulator({"guarded": guarded, "unguarded": unguarded})
+    emu.launch("guarded", [x, out])
+    assert out.tolist() == [0, 0, 3, 3, 2, 2, 2, 2]
+    with pytest.raises(simt.EmulationError, match="outside its 8 elements"):
+        emu.launch("unguarded", [x, np.zeros(8, "float32")])
