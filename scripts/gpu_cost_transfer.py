@@ -55,7 +55,7 @@ def unit_latencies(path: str, clock: str = "issue") -> tuple[dict[str, float], i
 
 
 def transfer_rows(run: dict, unit_dir: str | None, models: list[str] | None = None, clock: str = "issue",
-                  sim: str | None = None) -> list[dict]:
+                  sim: str | None = None, params_path: str | None = None) -> list[dict]:
     from tvm_interop.api import prepare_program
     from tvm_interop.models import get_model
     from tvm_interop.passes.cost import get_cost_model
@@ -63,7 +63,7 @@ def transfer_rows(run: dict, unit_dir: str | None, models: list[str] | None = No
     from tvm_interop.passes.merge import has_merges
     from tvm_interop.passes.schedulers import schedule_graph
 
-    params = load_fitted()
+    params = load_fitted(params_path)
     # the placement of the variants without a suffix: a build of both ("stage-start,consumer") names the consumer
     # twins "[waits at consumer]"; builds before the waits option had only the consumer placement
     waits = (run.get("build", {}).get("waits") or "consumer").split(",")[0]
@@ -117,6 +117,9 @@ def main(argv=None) -> int:
                     help="the unit latencies the model is fed: issue (the tables' 'units', the fit's) or device")
     ap.add_argument("--sim", default=None, metavar="PRESET",
                     help="feed a simulated device's unit latencies instead of tables (e.g. sim:h200-tvm)")
+    ap.add_argument("--params", default=None, metavar="FILE",
+                    help="the fitted parameters (default: docs/gpu_cost_model.json; e.g. an older version's, to "
+                         "compare two fits on the same run)")
     ap.add_argument("--out", default=None, help="write rows and summary as JSON")
     args = ap.parse_args(argv)
     if bool(args.sim) == bool(args.unit_dir):
@@ -125,7 +128,8 @@ def main(argv=None) -> int:
         ap.error("--clock chooses between a table's two times; --sim has one")
     with open(args.run, encoding="utf-8") as f:
         run = json.load(f)
-    rows = transfer_rows(run, args.unit_dir, args.models.split(",") if args.models else None, args.clock, args.sim)
+    rows = transfer_rows(run, args.unit_dir, args.models.split(",") if args.models else None, args.clock, args.sim,
+                         args.params)
     if not rows:
         print("no variant to predict (no unit tables beside the run?)", file=sys.stderr)
         return 1
@@ -137,6 +141,7 @@ def main(argv=None) -> int:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"run": os.path.basename(args.run), "device": run.get("device"),
                        **({"units": args.sim} if args.sim else {"clock": args.clock}),
+                       "params": os.path.relpath(args.params) if args.params else "docs/gpu_cost_model.json",
                        "summary": s, "rows": rows},
                       f, indent=1)
     return 0

@@ -226,6 +226,19 @@ def test_program_scale_stretches_program_kernels_not_table_stages():
     assert simulate(chain(2), given, p).latency == pytest.approx(44 * US)
 
 
+def test_program_offset_adds_to_program_kernels_not_table_stages():
+    """program_offset is added to every kernel of a whole program after program_scale (the floor rho * kernel_min
+    still holds), never to a stage replayed as the table protocol, nor to given kernel times."""
+    p = quiet(program_scale=1.25, program_offset=-3 * US, kernel_scale=1.0, kernel_offset=-2 * US, kernel_min=1 * US)
+    lat = units({"k0": 42 * US, "k1": 4 * US})
+    # k0: 1.25 * 40 - 3 = 47 us; k1: 1.25 * 2 - 3 < 1.25 * 1, so the floor 1.25 us
+    assert simulate(chain(2), lat, p).latency == pytest.approx(47 * US + 1.25 * US)
+    iso = IssuedProgram(chain(2).ops, isolated=True)
+    assert simulate(iso, lat, p).latency == pytest.approx(40 * US + 2 * US)
+    given = {"k0": (42 * US, SMALL, "other", True), "k1": (4 * US, SMALL, "other", True)}
+    assert simulate(chain(2), given, p).latency == pytest.approx(46 * US)
+
+
 def test_table_protocol_replays_time_evaluator():
     """A single-unit stage, 5 calls back to back: host-bound at call_overhead + host_kernel per call when the
     kernel is shorter, device-bound at the kernel otherwise; a two-group stage forks and joins with events."""
@@ -398,6 +411,27 @@ def test_fitter_separates_program_scale_with_table_stages():
     assert res.loss < 1e-6
 
 
+def test_fitter_separates_program_offset_from_program_scale():
+    """A factor and a per-kernel offset on program kernels are told apart by programs of long and of short kernels
+    (what version 5 of the shipped fit relies on); table stages pin the isolated map, which neither touches."""
+    truth = quiet(kernel_scale=1.0, kernel_offset=-1 * US, program_scale=1.2, program_offset=-0.8 * US,
+                  call_overhead=4 * US, host_kernel=0.5 * US, kernel_min=1 * US)
+    long = {f"L{i}": ((40 + 15 * i) * US, SMALL) for i in range(6)}
+    short = {f"s{i}": ((6 + i) * US, SMALL) for i in range(6)}
+    lat = {**long, **short}
+    progs = [IssuedProgram([IssuedOp(KERNEL, unit=u) for u in us]) for us in (list(long), list(short),
+                                                                               ["L0", "s1", "s2", "s3"])]
+    stages = [table_protocol_program([[u]], 5) for u in lat]
+    samples = [Sample(p, "g", simulate(p, lat, truth).latency) for p in progs + stages]
+    names = ["kernel_offset", "program_scale", "program_offset"]
+    res = fit(samples, {"g": lat}, base=truth.replace(kernel_offset=0.0, program_scale=1.0, program_offset=0.0),
+              names=names, iters=80)
+    got, want = res.params.values(), truth.values()
+    for k in names:
+        assert got[k] == pytest.approx(want[k], rel=0.03, abs=0.03 * US), k
+    assert res.loss < 1e-6
+
+
 def test_fitter_recovers_the_timing_floor_from_two_protocols():
     """One set of kernels timed with number 5 and with number 10 (table-protocol stages of each) and whole programs
     of the number-10 table: the fit separates timing_floor from kernel_offset, which one protocol cannot."""
@@ -485,7 +519,8 @@ def test_shipped_fit_loads():
     p = load_fitted()
     v = p.values()
     assert all(math.isfinite(x) for x in v.values())
-    assert all(x >= 0 for k, x in v.items() if k != "kernel_offset")
+    assert all(x >= 0 for k, x in v.items() if k not in ("kernel_offset", "program_offset"))
+    assert -5 * US < p.program_offset < 5 * US
     assert 0.5 < p.kernel_scale < 2.0
     assert 0.7 < p.program_scale < 1.6
     assert p.interference == FIXED_INTERFERENCE

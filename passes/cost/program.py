@@ -34,15 +34,18 @@ and costs the host nothing; the output copies are launched directly after it.
 start ``launch_latency`` after the host issued it and once everything before it on its stream is done:
 
 * a kernel first waits a fixed gap (``kernel_gap`` direct, ``graph_node_gap`` in a graph: launch processing
-  that does not occupy the SMs), then runs; alone it takes ``d = rho * max(kernel_min, kernel_scale * (u -
-  timing_floor / number) + kernel_offset)`` where ``u`` is the unit's **isolated latency** (a cost table's unit
+  that does not occupy the SMs), then runs; alone it takes ``d = max(rho * kernel_min, rho * (kernel_scale * (u -
+  timing_floor / number) + kernel_offset) + delta)`` where ``u`` is the unit's **isolated latency** (a cost table's unit
   entry, or any ``CostModel.unit_latency``) and ``number`` the calls per timing of the protocol that measured it
   (the table's ``number``): the isolated timing includes a host floor for tiny kernels, so the map from isolated
   latency to device time is affine, and part of that floor is paid once per timing (the first launch after the
   timer starts), so a table timed with ``number`` 10 reads lower than one timed with 5 for the same kernel;
   ``rho`` is ``program_scale`` in a whole program and 1 in a stage replayed as the cost-table protocol
   (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower a kernel runs inside a program
-  than timed alone, warm, a few calls back to back;
+  than timed alone, warm, a few calls back to back; ``delta`` is ``program_offset`` in a whole program and 0 in the
+  table protocol: the fixed part of a kernel's isolated time that it sheds inside a program (fitted negative: a
+  sequential program of many short kernels runs faster than its kernels timed alone, one of few long kernels
+  slower);
 * concurrent kernels share the device as a fluid (processor sharing): a kernel demands ``f = min(1, work items
   / (fill_items))`` of the device (work items = output elements, as ``passes.cost.simulated`` counts them;
   ``fill_items`` = how many output elements fill the GPU) and every running kernel progresses at rate
@@ -82,7 +85,7 @@ from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.json_file import read_json
 
 PARAMS_FORMAT = "tvm-interop-program-cost"
-PARAMS_VERSION = 2          # 2: timing_floor, host_keepalive_v1
+PARAMS_VERSION = 3          # 2: timing_floor, host_keepalive_v1; 3: program_offset
 MAIN = -1                    # the caller's stream (as in passes.lower_streams)
 KEEPALIVE_CHUNK = 16         # tensors per keep-alive call (passes.lower_streams.KEEPALIVE_CHUNK)
 H100_FILL_ITEMS = 132 * 2048  # SMs x resident threads: the simulated device's capacity (passes.cost.simulated)
@@ -100,6 +103,8 @@ PARAM_DOCS: dict[str, str] = {
                     "(s); what makes tables timed with another `number` comparable",
     "program_scale": "a kernel's time inside a whole program per second of its device time in the isolated "
                      "(cost-table) protocol (dimensionless)",
+    "program_offset": "time added to every kernel inside a whole program, after program_scale (s; negative: part of "
+                      "a kernel's isolated time overlaps its neighbours in a stream)",
     "kernel_min": "shortest in-program kernel (s)",
     "fill_items": "output elements that fill the device: a kernel demands min(1, work items / fill_items) of it "
                   "(dimensionless count)",
@@ -129,6 +134,7 @@ class ProgramCostParams:
     kernel_offset: float = -3.0e-6
     timing_floor: float = 0.0
     program_scale: float = 1.0
+    program_offset: float = 0.0
     kernel_min: float = 1.5e-6
     fill_items: float = float(H100_FILL_ITEMS)
     call_overhead: float = 20e-6
@@ -408,7 +414,7 @@ def simulate(prog: IssuedProgram, units: Mapping[str, tuple], params: ProgramCos
     n_events = 0
     rho = 1.0 if prog.isolated else p.program_scale
     ks = p.kernel_scale * rho
-    ko = p.kernel_offset * rho
+    ko = p.kernel_offset * rho + (0.0 if prog.isolated else p.program_offset)
     kmin = p.kernel_min
     floor = p.timing_floor
     keepalive = p.host_keepalive_v1 if prog.keepalive == "v1" else p.host_keepalive
