@@ -103,8 +103,8 @@ PARAM_DOCS: dict[str, str] = {
                     "(s); what makes tables timed with another `number` comparable",
     "program_scale": "a kernel's time inside a whole program per second of its device time in the isolated "
                      "(cost-table) protocol (dimensionless)",
-    "program_offset": "time added to every kernel inside a whole program, after program_scale (s; negative: part of "
-                      "a kernel's isolated time overlaps its neighbours in a stream)",
+    "program_offset": "time added to every kernel inside a whole program, after program_scale (s; fitted negative: "
+                      "a fixed part of a kernel's isolated time that it does not take inside a program)",
     "kernel_min": "shortest in-program kernel (s)",
     "fill_items": "output elements that fill the device: a kernel demands min(1, work items / fill_items) of it "
                   "(dimensionless count)",

@@ -76,10 +76,11 @@ TRANSFORMS: dict[str, str] = {
 # CUDA-graph twins of every sequential program (same kernels, no host-bound stretch) differ by 0.5-1.2 us per kernel
 # in every model of both dates, which only a device gap per direct launch explains.
 # program_offset (version 5): with program_scale alone, a whole program's kernel was its table-protocol time
-# stretched by one factor, and the leave-one-model-out folds missed every model's sequential program by a uniform
-# amount of its own sign: Inception-v3 (long kernels) -11 %, SqueezeNet and RandWire (short kernels) +10..18 %.
-# Regressing the sequential CUDA-graph programs of all models on (sum of mapped unit times, kernel count) fits
-# 1.20x per second and -0.85 us per kernel (leave-one-model-out 6.6 % / 13 % instead of up to 18 %): inside a
+# stretched by one factor, and version 4's leave-one-model-out folds missed each model's sequential programs by an
+# amount of its own sign: Inception-v3 (long kernels) -10..-15 %, SqueezeNet +10..+19 %, RandWire -6..+17 % (short
+# kernels). Regressing the 15 sequential CUDA-graph programs of the table models on (sum of unit times through
+# version 4's isolated -> device map, kernel count) fits 1.20x per second and -0.85 us per kernel
+# (leave-one-model-out 6.6 % / 13 %; docs/gpu_cost_model.md repeats it with the shipped map): inside a
 # program a long kernel runs longer than timed alone, and every kernel sheds a fixed part of its isolated time. Only
 # whole programs identify it (it never applies to the table protocol), and models of both kinds identify it apart
 # from program_scale.
