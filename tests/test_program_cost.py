@@ -306,6 +306,19 @@ def test_params_refuses_foreign_corrupt_and_newer_files(tmp_path, content, match
         ProgramCostParams.load(str(path))
 
 
+def test_params_of_an_older_fit_load_without_the_newer_parameters(tmp_path):
+    """A version-2 file (the fits before program_offset, e.g. ``gpu_cost_transfer.py --params`` of version 4)
+    loads with program_offset 0, so it predicts what it predicted then; the current version round-trips it."""
+    old = {"format": "tvm-interop-program-cost", "version": 2,
+           "params": {"kernel_scale": 1.03, "program_scale": 1.1, "host_kernel": 4e-6}}
+    (tmp_path / "v2.json").write_text(json.dumps(old))
+    p = ProgramCostParams.load(str(tmp_path / "v2.json"))
+    assert p.program_offset == 0.0 and p.program_scale == pytest.approx(1.1)
+    q = p.replace(program_offset=-1.5 * US)
+    assert q.to_json()["version"] == 3
+    assert ProgramCostParams.from_json(q.to_json()).program_offset == pytest.approx(-1.5 * US)
+
+
 def test_params_missing_file_and_unknown_replace(tmp_path):
     with pytest.raises(InteropError, match="cannot read"):
         ProgramCostParams.load(str(tmp_path / "absent.json"))
