@@ -140,6 +140,7 @@ class Data:
         self.checks: list[dict] = []
         self.stage_samples: list[Sample] = []          # cost-table stages replayed as the table protocol
         self.group_tables: dict[str, list[str]] = {}   # table unit group -> its cost-table files
+        self.depth: dict[str, dict[str, int]] = {}     # unit group -> {unit: reduction depth (0: not a conv)}
 
 
 def _read_json(path: str):
@@ -270,6 +271,7 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                         lat = {u.name: sim.unit_latency(u) for u in graph.units}
                         data.group_source[group] = "sim"
                     kernel_time = data.group_source[group] == "sim"   # sim costs x factor = in-program kernel time
+                    data.depth[group] = {u.name: _reduction_depth(u) for u in graph.units}
                     data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time,
                                                   number) for u in graph.units}
                 recorded = {v["name"]: v for v in m["variants"]}
@@ -776,33 +778,57 @@ def _sequential_bias(data: Data) -> list[str]:
     return rows
 
 
-def _sequential_regression(data: Data, p: ProgramCostParams) -> dict | None:
+DEEP_REDUCTION = 1024   # as scripts/gpu_kernel_check.py splits convolutions: inputs summed per output
+
+
+def _reduction_depth(unit) -> int:
+    """How many inputs a convolution's output sums over (in channels per group x kernel area); 0 otherwise."""
+    ws = (getattr(unit, "attrs", None) or {}).get("weight_shape")
+    if getattr(unit, "kind", "") == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
+        return int(ws[1]) * int(ws[2]) * int(ws[3])
+    return 0
+
+
+def _sequential_regression(data: Data, p: ProgramCostParams, split_deep: bool = False) -> dict | None:
     """Least squares of the sequential CUDA-graph programs of the table models (relative error) on two numbers:
     the sum of their kernels' table times through the isolated -> device map of ``p`` and their kernel count;
-    with its leave-one-model-out error. What showed that a factor alone cannot carry a table to a program."""
+    with its leave-one-model-out error. What showed that a factor alone cannot carry a table to a program.
+    ``split_deep``: the sum split in two, convolutions reducing over >= DEEP_REDUCTION inputs and the rest (one
+    factor each), which the kernel-by-kernel check of an H200 timeline suggested (scripts/kernel_map_check.py)."""
+    depth = getattr(data, "depth", {})
+    if split_deep and not depth:
+        return None
     rows = []
     for r in data.records:
         if not (r["batch"] == 1 and (r["scheduler"], r["mode"], r["cuda_graph"]) == CALIBRATION
                 and data.group_source.get(r["group"]) == "table"):
             continue
-        total, count = 0.0, 0
-        for lat, _work, _cls, _kernel_time, number in data.units[r["group"]].values():
+        deep, shallow, count = 0.0, 0.0, 0
+        for name, (lat, _work, _cls, _kernel_time, number) in data.units[r["group"]].items():
             u = lat - (p.timing_floor / number if number else 0.0)
-            total += max(p.kernel_min, p.kernel_scale * u + p.kernel_offset)
+            d = max(p.kernel_min, p.kernel_scale * u + p.kernel_offset)
+            if split_deep and depth[r["group"]][name] >= DEEP_REDUCTION:
+                deep += d
+            else:
+                shallow += d
             count += 1
-        rows.append((r["model"], total, count, r["measured_ms"] * 1e-3))
+        m = r["measured_ms"] * 1e-3
+        rows.append((r["model"], ([deep / m] if split_deep else []) + [shallow / m, count / m]))
     if len(rows) < 3:
         return None
-    A = np.array([[t / m, n / m] for _, t, n, m in rows])
+    A = np.array([x for _, x in rows])
     ones = np.ones(len(rows))
-    (a, b), *_ = np.linalg.lstsq(A, ones, rcond=None)
+    coef, *_ = np.linalg.lstsq(A, ones, rcond=None)
     errs = []
     for held in sorted({r[0] for r in rows}):
         train = [i for i, r in enumerate(rows) if r[0] != held]
-        (fa, fb), *_ = np.linalg.lstsq(A[train], ones[train], rcond=None)
-        errs += [abs(fa * t + fb * n - m) / m for mo, t, n, m in rows if mo == held]
-    return {"per_second": float(a), "per_kernel": float(b), "programs": len(rows),
-            "heldout": (float(np.median(errs)), float(max(errs)))}
+        c, *_ = np.linalg.lstsq(A[train], ones[train], rcond=None)
+        errs += [abs(A[i] @ c - 1) for i, r in enumerate(rows) if r[0] == held]
+    out = {"per_second": float(coef[-2]), "per_kernel": float(coef[-1]), "programs": len(rows),
+           "heldout": (float(np.median(errs)), float(max(errs)))}
+    if split_deep:
+        out["per_second_deep"] = float(coef[0])
+    return out
 
 
 def _worst_twins(data: Data) -> list[str]:
@@ -841,6 +867,15 @@ def _version5_section(data: Data, ev: dict, summary: dict) -> list[str]:
         f"kernel count, gives {reg['per_second']:.2f} × per second and {reg['per_kernel'] * 1e6:+.2f} µs per "
         f"kernel, leave-one-model-out {reg['heldout'][0] * 100:.1f} % / {reg['heldout'][1] * 100:.1f} % (median / "
         "worst). ")
+    split = _sequential_regression(data, p, split_deep=True)
+    split_text = "" if split is None else (
+        f"Not in the model yet: the same fit with the sum split at a reduction depth of {DEEP_REDUCTION} (convolutions "
+        "summing over at least that many inputs per output, as `scripts/gpu_kernel_check.py` splits them; the "
+        "kernel-by-kernel check of an H200 Inception-v3 timeline, `scripts/kernel_map_check.py`, found deep 1x1 "
+        "convolutions 1.40x their isolated time inside the program and shallow spatial ones 1.13x) gives "
+        f"{split['per_second_deep']:.2f} × deep, {split['per_second']:.2f} × the rest, "
+        f"{split['per_kernel'] * 1e6:+.2f} µs per kernel, leave-one-model-out {split['heldout'][0] * 100:.1f} % / "
+        f"{split['heldout'][1] * 100:.1f} %: a candidate for the next version.\n")
     L = ["## Version 5: a fixed part of every kernel's time that a program sheds\n",
          "What changed (issue 12): inside a whole program a kernel takes `program_scale` × its table-protocol time "
          "**plus `program_offset`** (one number for every kernel; 0 in the table protocol). With the factor alone, "
@@ -856,6 +891,8 @@ def _version5_section(data: Data, ev: dict, summary: dict) -> list[str]:
          + ", ".join(f"{m} {v:.2f}" for m, v in sorted(folds.items())) + " µs.\n",
          "Held-out error of the sequential CUDA-graph programs now (each fold without the model): "
          + "; ".join(_sequential_bias(data)) + ".\n"]
+    if split_text:
+        L.append(split_text)
     rows = []
     for m, before in V4_SUMMARY.items():
         row = summary.get(m, {})
