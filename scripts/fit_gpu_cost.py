@@ -55,6 +55,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpu_kernel_check: how convolutions are split
+
+from gpu_kernel_check import DEEP_REDUCTION, reduction_depth  # noqa: E402
 
 from tvm_interop.passes.cost.program import (
     PARAM_DOCS,
@@ -271,7 +274,7 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                         lat = {u.name: sim.unit_latency(u) for u in graph.units}
                         data.group_source[group] = "sim"
                     kernel_time = data.group_source[group] == "sim"   # sim costs x factor = in-program kernel time
-                    data.depth[group] = {u.name: _reduction_depth(u) for u in graph.units}
+                    data.depth[group] = {u.name: reduction_depth(u) or 0 for u in graph.units}
                     data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time,
                                                   number) for u in graph.units}
                 recorded = {v["name"]: v for v in m["variants"]}
@@ -778,17 +781,6 @@ def _sequential_bias(data: Data) -> list[str]:
     return rows
 
 
-DEEP_REDUCTION = 1024   # as scripts/gpu_kernel_check.py splits convolutions: inputs summed per output
-
-
-def _reduction_depth(unit) -> int:
-    """How many inputs a convolution's output sums over (in channels per group x kernel area); 0 otherwise."""
-    ws = (getattr(unit, "attrs", None) or {}).get("weight_shape")
-    if getattr(unit, "kind", "") == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        return int(ws[1]) * int(ws[2]) * int(ws[3])
-    return 0
-
-
 def _sequential_regression(data: Data, p: ProgramCostParams, split_deep: bool = False) -> dict | None:
     """Least squares of the sequential CUDA-graph programs of the table models (relative error) on two numbers:
     the sum of their kernels' table times through the isolated -> device map of ``p`` and their kernel count;
@@ -839,6 +831,7 @@ def _worst_twins(data: Data) -> list[str]:
     if not recs:
         return []
     worst = max(recs, key=lambda r: abs(r["heldout_ms"] / r["measured_ms"] - 1))
+
     def shape(r):   # the schedule as issued, apart from keep-alive calls (the `landed` build had none)
         return (r["model"], r["variant"], r["stages"], r["ops"]["kernels"], r["ops"]["syncs"], r["ops"]["sets"])
 

@@ -35,16 +35,17 @@ def pair_kernels(timeline: dict, units: dict[str, float], func_of: dict[str, str
     names the function's)."""
     us, calls = func_times(timeline)
     by_func: dict[str, list[float]] = {}
+    kind_by_func: dict[str, str] = {}
     for unit, func in func_of.items():
         if unit in units:
             by_func.setdefault(func, []).append(units[unit])
+            kind_by_func.setdefault(func, (kind_of or {}).get(unit, ""))
     rows = []
     for func, lat in sorted(by_func.items()):
         n = calls.get(func)
         if func not in us or n is None or abs(n - len(lat)) > 0.01:
             continue
-        kind = next((kind_of[u] for u, f in func_of.items() if f == func and u in kind_of), "") if kind_of else ""
-        rows.append({"func": func, "kind": kind, "calls": len(lat), "isolated_us": statistics.fmean(lat) * 1e6,
+        rows.append({"func": func, "kind": kind_by_func[func], "calls": len(lat), "isolated_us": statistics.fmean(lat) * 1e6,
                      "in_program_us": us[func] / n})
     return rows
 
