@@ -55,14 +55,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpu_kernel_check: how convolutions are split
-
-from gpu_kernel_check import DEEP_REDUCTION, reduction_depth  # noqa: E402
-
 from tvm_interop.passes.cost.program import (
+    DEEP_REDUCTION,
     PARAM_DOCS,
     ProgramCostParams,
     from_stream_program,
+    is_deep,
     simulate,
     unit_class,
     work_items,
@@ -138,12 +136,11 @@ class Data:
     def __init__(self):
         self.records: list[dict] = []
         self.samples: list[Sample] = []
-        self.units: dict[str, dict[str, tuple]] = {}   # unit group -> {unit: (latency, work, class)}
+        self.units: dict[str, dict[str, tuple]] = {}   # unit group -> {unit: passes.cost.program.simulate's tuple}
         self.group_source: dict[str, str] = {}         # unit group -> "table" | "sim"
         self.checks: list[dict] = []
         self.stage_samples: list[Sample] = []          # cost-table stages replayed as the table protocol
         self.group_tables: dict[str, list[str]] = {}   # table unit group -> its cost-table files
-        self.depth: dict[str, dict[str, int]] = {}     # unit group -> {unit: reduction depth (0: not a conv)}
 
 
 def _read_json(path: str):
@@ -274,9 +271,8 @@ def build_data(data_dir: str, runs: list[RunSpec], models: list[str] | None) -> 
                         lat = {u.name: sim.unit_latency(u) for u in graph.units}
                         data.group_source[group] = "sim"
                     kernel_time = data.group_source[group] == "sim"   # sim costs x factor = in-program kernel time
-                    data.depth[group] = {u.name: reduction_depth(u) or 0 for u in graph.units}
                     data.units[group] = {u.name: (float(lat[u.name]), work_items(u), unit_class(u), kernel_time,
-                                                  number) for u in graph.units}
+                                                  number, is_deep(u)) for u in graph.units}
                 recorded = {v["name"]: v for v in m["variants"]}
                 for sname in SCHEDULERS:
                     if sname not in recorded:
@@ -365,7 +361,7 @@ def build_stage_samples(data_dir: str, data: Data) -> list[Sample]:
             if len(files) > 1:
                 sub = f"{group}#{os.path.basename(path)}"
                 n = float(t["number"])
-                data.units[sub] = {u: (float(t["units"][u]),) + tuple(v[1:4]) + (n,)
+                data.units[sub] = {u: (float(t["units"][u]),) + tuple(v[1:4]) + (n,) + tuple(v[5:])
                                    for u, v in data.units[group].items()}
                 data.group_source[sub] = "table"
             mine += table_stage_samples(t, data.units[sub], sub, per_stratum=STAGES_PER_STRATUM, seed=0,
@@ -745,7 +741,7 @@ def _version4_section(ev: dict, summary: dict) -> list[str]:
          "and a host-bound issue identify it, and those are mostly NASNet-A-mobile's direct multi-stream programs: in "
          "version 3 the fold without that model let it drift to 7.7 µs, traded against `host_kernel`, and "
          f"overpredicted those programs by up to {V3_TODAY['nasnet_a_mobile'][1]:.0f} %.\n",
-         f"Fitted: `host_keepalive` = {p.host_keepalive * 1e6:.2f} µs (all variants); per fold "
+         f"This fit (the current version): `host_keepalive` = {p.host_keepalive * 1e6:.2f} µs (all variants); per fold "
          + ", ".join(f"{m} {v:.2f}" for m, v in sorted(folds.items())) + " µs.\n"]
     rows = []
     for m in ("nasnet_a_mobile", "ALL"):
@@ -755,7 +751,8 @@ def _version4_section(ev: dict, summary: dict) -> list[str]:
             rows.append(f"| {m} | {b[0]:.1f} % / {b[1]:.1f} % | {row['median_abs'] * 100:.1f} % / "
                         f"{row['max_abs'] * 100:.1f} % |")
     if rows:
-        L += ["Held out, today's run (median / worst):\n", "| | version 3 | version 4 |", "|---|---|---|", *rows, ""]
+        L += ["Held out, today's run (median / worst; the current version, which keeps the prior):\n",
+              "| | version 3 | this fit |", "|---|---|---|", *rows, ""]
     return L
 
 
@@ -767,6 +764,20 @@ V4_SUMMARY = {"ALL (table models)": {"heldout": (11.1, 26.1), "heldout_cal": (5.
               f"ALL ({TODAY})": {"heldout": (8.5, 30.6), "heldout_cal": (3.1, 19.1), "insample": (6.5, 27.8)},
               "batch 8 (transfer)": {"transfer": (6.8, 30.1)}}
 V4_PICKS = "right pick in 9 of 23; mean loss 7.5 %, worst 23.1 %"
+# version 5 as its fit wrote docs/gpu_cost_model.{md,json} (commit cec3d2e, `--iters 30 --starts 1 --jobs 2`): its
+# shipped parameters (docs/gpu_cost_model_v5.json, that file's "model"), its per-fold program_offset, its summary and
+# picks
+V5_FIT = {"params": ProgramCostParams.load(os.path.join(ROOT, "docs", "gpu_cost_model_v5.json")),
+          "fold_offsets_us": {"inception_v3": -1.42, "randwire": -2.18, "squeezenet": -1.61, "googlenet": -1.63,
+                              "nasnet_a_large": -1.69, "nasnet_a_mobile": -1.63, "resnet50": -1.63},
+          "summary": {"ALL (table models)": {"heldout": (9.0, 26.5), "heldout_cal": (3.9, 36.0),
+                                             "insample": (6.1, 27.7)},
+                      "inception_v3": {"heldout": (8.6, 24.3)}, "randwire": {"heldout": (7.2, 26.5)},
+                      "squeezenet": {"heldout": (12.3, 20.9)}, "nasnet_a_large": {"heldout": (5.5, 23.3)},
+                      "nasnet_a_mobile": {"heldout": (14.9, 37.7)},
+                      f"ALL ({TODAY})": {"heldout": (8.1, 28.9), "heldout_cal": (2.3, 19.7), "insample": (6.1, 26.9)},
+                      "batch 8 (transfer)": {"transfer": (6.0, 28.5)}},
+          "picks": "right pick in 9 of 23; mean loss 7.5 %, worst 23.1 %"}
 
 
 def _sequential_bias(data: Data) -> list[str]:
@@ -787,19 +798,16 @@ def _sequential_regression(data: Data, p: ProgramCostParams, split_deep: bool = 
     with its leave-one-model-out error. What showed that a factor alone cannot carry a table to a program.
     ``split_deep``: the sum split in two, convolutions reducing over >= DEEP_REDUCTION inputs and the rest (one
     factor each), which the kernel-by-kernel check of an H200 timeline suggested (scripts/kernel_map_check.py)."""
-    depth = getattr(data, "depth", {})
-    if split_deep and not depth:
-        return None
     rows = []
     for r in data.records:
         if not (r["batch"] == 1 and (r["scheduler"], r["mode"], r["cuda_graph"]) == CALIBRATION
                 and data.group_source.get(r["group"]) == "table"):
             continue
         deep, shallow, count = 0.0, 0.0, 0
-        for name, (lat, _work, _cls, _kernel_time, number) in data.units[r["group"]].items():
+        for lat, _work, _cls, _kernel_time, number, is_deep_conv in data.units[r["group"]].values():
             u = lat - (p.timing_floor / number if number else 0.0)
             d = max(p.kernel_min, p.kernel_scale * u + p.kernel_offset)
-            if split_deep and depth[r["group"]][name] >= DEEP_REDUCTION:
+            if split_deep and is_deep_conv:
                 deep += d
             else:
                 shallow += d
@@ -847,65 +855,89 @@ def _worst_twins(data: Data) -> list[str]:
     return [text + ".\n"]
 
 
-def _version5_section(data: Data, ev: dict, summary: dict) -> list[str]:
-    """What version 5 changed (program_offset) and what it did to the held-out error."""
-    p: ProgramCostParams = ev["all"].params
+def _version5_section(data: Data) -> list[str]:
+    """What version 5 changed (program_offset), with the numbers of its own fit (V5_FIT: version 6's fit moved them)."""
     if "program_offset" not in DEFAULT_FIT:
         return []
-    folds = {m: f["params"]["program_offset"] * 1e6 for m, f in ev["folds"].items()}
-    reg = _sequential_regression(data, p)
+    reg = _sequential_regression(data, V5_FIT["params"])
     reg_text = "" if reg is None else (
         f"A least-squares fit of the {reg['programs']} sequential CUDA-graph programs of the table models (every "
-        "run) on two numbers, the sum of their kernels' table times through the isolated -> device map and their "
-        f"kernel count, gives {reg['per_second']:.2f} × per second and {reg['per_kernel'] * 1e6:+.2f} µs per "
-        f"kernel, leave-one-model-out {reg['heldout'][0] * 100:.1f} % / {reg['heldout'][1] * 100:.1f} % (median / "
-        "worst). ")
-    split = _sequential_regression(data, p, split_deep=True)
-    split_text = "" if split is None else (
-        f"Not in the model yet: the same fit with the sum split at a reduction depth of {DEEP_REDUCTION} (convolutions "
-        "summing over at least that many inputs per output, as `scripts/gpu_kernel_check.py` splits them; the "
-        "kernel-by-kernel check of an H200 Inception-v3 timeline, `scripts/kernel_map_check.py`, found deep 1x1 "
-        "convolutions 1.40x their isolated time inside the program and shallow spatial ones 1.13x) gives "
-        f"{split['per_second_deep']:.2f} × deep, {split['per_second']:.2f} × the rest, "
+        "run) on two numbers, the sum of their kernels' table times through version 5's isolated -> device map "
+        f"and their kernel count, gives {reg['per_second']:.2f} × per second and {reg['per_kernel'] * 1e6:+.2f} µs "
+        f"per kernel, leave-one-model-out {reg['heldout'][0] * 100:.1f} % / {reg['heldout'][1] * 100:.1f} % "
+        "(median / worst). ")
+    p = V5_FIT["params"]
+    return ["## Version 5: a fixed part of every kernel's time that a program sheds\n",
+            "What changed (issue 12): inside a whole program a kernel takes `program_scale` × its table-protocol time "
+            "**plus `program_offset`** (one number for every kernel; 0 in the table protocol). With the factor "
+            "alone, version 4's folds missed each model's sequential programs by an amount of its own sign: held "
+            "out, Inception-v3 (120 kernels of 58-73 µs on average) -10 to -15 %, SqueezeNet (39 of 13 µs) +10 to "
+            "+19 % and RandWire (276 of 6-7 µs) -6 to +17 %. " + reg_text + "A long "
+            "kernel runs longer inside a program than timed alone (`program_scale` > 1), and every kernel sheds a "
+            "fixed part of its isolated time (launch processing that a stream overlaps with its predecessor's "
+            "tail is a candidate, not measured). Only whole programs identify it, apart from `program_scale` "
+            "because the fit holds models of long and of short kernels.\n",
+            f"Version 5's fit (commit cec3d2e): `program_offset` = {p.program_offset * 1e6:.2f} µs, `program_scale` "
+            f"= {p.program_scale:.3f}, `kernel_gap` = {p.kernel_gap * 1e6:.2f} µs; `program_offset` per fold "
+            + ", ".join(f"{m} {v:.2f}" for m, v in V5_FIT["fold_offsets_us"].items()) + " µs. Its errors are the "
+            "*version 5* column of the table in *Version 6*.\n",
+            "Tried with it and not shipped: fitting the `avg_pool<-conv_spatial` interference as well "
+            "(`--also-fit program_offset --fit-interference 'avg_pool<-conv_spatial'`, on the same data): held out, "
+            "the 2026-11-22 table models 9.4 % / 28 %, the 2026-11-26 run 9.4 % / 32 %, worse than without.\n"]
+
+
+def _version6_section(data: Data, ev: dict, summary: dict) -> list[str]:
+    """What version 6 changed (program_deep_factor) and what it did to the held-out error, next to versions 4-5."""
+    p: ProgramCostParams = ev["all"].params
+    if "program_deep_factor" not in DEFAULT_FIT:
+        return []
+    folds = {m: f["params"] for m, f in ev["folds"].items()}
+    one = _sequential_regression(data, V5_FIT["params"])
+    split = _sequential_regression(data, V5_FIT["params"], split_deep=True)
+    reg_text = "" if one is None or split is None else (
+        f"On the {split['programs']} sequential CUDA-graph programs of the table models, the regression of "
+        "*Version 5* (through version 5's map) with the kernels' summed time split at that depth gives "
+        f"{split['per_second_deep']:.2f} × deep, {split['per_second']:.2f} × the rest and "
         f"{split['per_kernel'] * 1e6:+.2f} µs per kernel, leave-one-model-out {split['heldout'][0] * 100:.1f} % / "
-        f"{split['heldout'][1] * 100:.1f} %: a candidate for the next version.\n")
-    L = ["## Version 5: a fixed part of every kernel's time that a program sheds\n",
-         "What changed (issue 12): inside a whole program a kernel takes `program_scale` × its table-protocol time "
-         "**plus `program_offset`** (one number for every kernel; 0 in the table protocol). With the factor alone, "
-         "version 4's folds missed each model's sequential programs by an amount of its own sign: held out, "
-         "Inception-v3 (120 kernels of 58-73 µs on average) -10 to -15 %, SqueezeNet (39 of 13 µs) +10 to +19 % "
-         "and RandWire (276 of 6-7 µs) -6 to +17 %. " + reg_text + "A long "
-         "kernel runs longer inside a program than timed alone (`program_scale` > 1), and every kernel sheds a "
-         "fixed part of its isolated time (launch processing that a stream overlaps with its predecessor's "
-         "tail is a candidate, not measured). Only whole programs identify it, apart from `program_scale` "
-         "because the fit holds models of long and of short kernels.\n",
-         f"Fitted: `program_offset` = {p.program_offset * 1e6:.2f} µs, `program_scale` = {p.program_scale:.3f}, "
-         f"`kernel_gap` = {p.kernel_gap * 1e6:.2f} µs (all variants); `program_offset` per fold "
-         + ", ".join(f"{m} {v:.2f}" for m, v in sorted(folds.items())) + " µs.\n",
+        f"{split['heldout'][1] * 100:.1f} % (one factor: {one['heldout'][0] * 100:.1f} % / "
+        f"{one['heldout'][1] * 100:.1f} %). ")
+    L = ["## Version 6: deep convolutions stretch more inside a program\n",
+         "What changed (issue 12): a *deep* convolution, one that sums over at least "
+         f"{DEEP_REDUCTION} inputs per output (in channels per group × kernel area: "
+         "`passes.cost.program.is_deep`, the threshold `scripts/gpu_kernel_check.py` used before any fit), takes "
+         "`program_scale` × **`program_deep_factor`** × its table-protocol time inside a whole program; every other "
+         "kernel `program_scale` ×, as before. Why: kernel by kernel, an H200 run's `sequential + CUDA graph` "
+         "timeline of Inception-v3 against an H200 unit table (`scripts/kernel_map_check.py`, "
+         "`docs/kernel_map_h200_inception_v3.json`) put deep convolutions at 1.32-1.40× their isolated time inside "
+         "the program and shallow ones at 1.13-1.26×, which one factor for every kernel cannot follow. "
+         + reg_text + "The unit groups with tables of both dates hold deep convolutions (Inception-v3; the "
+         "2026-11-26 tables of GoogLeNet and ResNet-50), so every fold identifies the factor.\n",
+         f"Fitted (all variants): `program_deep_factor` = {p.program_deep_factor:.3f} (a deep convolution "
+         f"{p.program_scale * p.program_deep_factor:.3f} ×), `program_scale` = {p.program_scale:.3f}, "
+         f"`program_offset` = {p.program_offset * 1e6:.2f} µs; per fold (`program_deep_factor`, `program_offset` "
+         "µs): " + ", ".join(f"{m} {f['program_deep_factor']:.3f} / {f['program_offset'] * 1e6:.2f}"
+                             for m, f in sorted(folds.items())) + ".\n",
          "Held-out error of the sequential CUDA-graph programs now (each fold without the model): "
          + "; ".join(_sequential_bias(data)) + ".\n"]
-    if split_text:
-        L.append(split_text)
     rows = []
     for m, before in V4_SUMMARY.items():
         row = summary.get(m, {})
         for col, (med, worst) in before.items():
             st = row.get(col, {})
-            if st.get("n"):
-                rows.append(f"| {m} | {col} | {med:.1f} % / {worst:.1f} % | {st['median_abs'] * 100:.1f} % / "
-                            f"{st['max_abs'] * 100:.1f} % |")
+            v5 = V5_FIT["summary"].get(m, {}).get(col)
+            if st.get("n") and v5:
+                rows.append(f"| {m} | {col} | {med:.1f} % / {worst:.1f} % | {v5[0]:.1f} % / {v5[1]:.1f} % | "
+                            f"{st['median_abs'] * 100:.1f} % / {st['max_abs'] * 100:.1f} % |")
     if rows:
-        L += ["Median / worst |error|, version 4 -> version 5 (same data, same command):\n",
-              "| rows | column | version 4 | version 5 |", "|---|---|---|---|", *rows, ""]
-    L.append("Tried with it and not shipped: fitting the `avg_pool<-conv_spatial` interference as well "
-             "(`--also-fit program_offset --fit-interference 'avg_pool<-conv_spatial'`, on the same data): held out, "
-             "the 2026-11-22 table models 9.4 % / 28 %, the 2026-11-26 run 9.4 % / 32 %, worse than without.\n")
+        L += ["Median / worst |error| by version (same data, same command; versions 4 and 5 as their commits "
+              "wrote them):\n",
+              "| rows | column | version 4 | version 5 | version 6 |", "|---|---|---|---|---|", *rows, ""]
     L += _worst_twins(data)
     losses = [row["program model"]["loss"] for row in picks(data) if "program model" in row]
     if losses:
-        L.append(f"Picking the program (below), program model held out: version 4 {V4_PICKS}; version 5 right pick "
-                 f"in {sum(x <= 1e-9 for x in losses)} of {len(losses)}; mean loss {np.mean(losses) * 100:.1f} %, "
-                 f"worst {max(losses) * 100:.1f} %.\n")
+        L.append(f"Picking the program (below), program model held out: version 4 {V4_PICKS}; version 5 "
+                 f"{V5_FIT['picks']}; version 6 right pick in {sum(x <= 1e-9 for x in losses)} of {len(losses)}; "
+                 f"mean loss {np.mean(losses) * 100:.1f} %, worst {max(losses) * 100:.1f} %.\n")
     return L
 
 
@@ -1096,7 +1128,8 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
     L += _version2_section(data, ev, summary)
     L += _version3_section(data, ev, summary)
     L += _version4_section(ev, summary)
-    L += _version5_section(data, ev, summary)
+    L += _version5_section(data)
+    L += _version6_section(data, ev, summary)
     L.append("## Errors: |predicted / measured − 1|, median / worst\n")
     L.append("*held-out*: the model's variants predicted by parameters fitted without any of that model's "
              "whole-program measurements (leave-one-model-out; every fold fits on all cost tables' stages too, see "

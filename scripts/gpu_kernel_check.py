@@ -36,7 +36,6 @@ GRAPH = " + CUDA graph"
 DEPENDENCY = " (dependency)"
 ORDER_MARGIN = 0.05                     # programs closer than this are not ordered
 NEIGHBOURS = 5                          # kernels per program whose neighbours are listed, and neighbours each
-DEEP_REDUCTION = 1024                   # a convolution reducing over at least this many inputs per output is "deep"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpucheck (the run's own helpers)
 _KERNEL = re.compile(r"^(?P<func>.+)_kernel(?:_\d+)?$")
@@ -67,28 +66,13 @@ def kernel_kind(unit) -> str:
     """The model's interference class of a unit (``passes.cost.program.unit_class``), convolutions split by their
     reduction depth (input channels per group x kernel area), the axis along which the 2026-11-28 H200 timelines
     of NASNet-A-large split: deep 1x1 convolutions grew more than the model said, shallow ones less."""
-    from tvm_interop.passes.cost.program import unit_class
+    from tvm_interop.passes.cost.program import DEEP_REDUCTION, reduction_depth, unit_class
 
     cls = unit_class(unit)
     depth = reduction_depth(unit)
     if depth is None:
         return cls
     return f"{cls} ({'deep' if depth >= DEEP_REDUCTION else 'shallow'})"
-
-
-def conv_weight_shape(unit) -> tuple[int, int, int, int] | None:
-    """A convolution's weight shape (out channels, in channels per group, kernel height, width); None for any
-    other unit."""
-    ws = (unit.attrs or {}).get("weight_shape")
-    if unit.kind == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        return tuple(int(x) for x in ws)
-    return None
-
-
-def reduction_depth(unit) -> int | None:
-    """How many inputs a convolution's output sums over (in channels per group x kernel area); None otherwise."""
-    ws = conv_weight_shape(unit)
-    return ws[1] * ws[2] * ws[3] if ws else None
 
 
 def _target(run: dict) -> dict:
@@ -166,7 +150,7 @@ def check_model(run: dict, entry: dict, params, schedule_specs: list[str] = (), 
     (``schedule_specs``: ``MODEL:LABEL=FILE`` schedules of the variants that are not schedulers; ``block_sim``:
     the CUDA-graph programs also by ``block_sim.simulate_blocks``, which needs the launch shapes)."""
     from gpucheck.kernel_profile import union_length
-    from tvm_interop.passes.cost.program import issued_program, simulate, unit_class, work_items
+    from tvm_interop.passes.cost.program import issued_program, reduction_depth, simulate, unit_class, work_items
     from tvm_interop.passes.merge import has_merges
 
     name = entry["name"]

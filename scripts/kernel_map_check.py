@@ -28,25 +28,27 @@ from gpu_kernel_check import REFERENCE, func_times, kernel_kind  # noqa: E402
 
 
 def pair_kernels(timeline: dict, units: dict[str, float], func_of: dict[str, str],
-                 kind_of: dict[str, str] | None = None) -> list[dict]:
-    """``[{func, kind, calls, isolated_us, in_program_us}]``: per TVM function, its units' mean isolated latency
-    (seconds in ``units``) and its measured device time per call in ``timeline``; functions whose call count differs
-    from their unit count (another build's graph) are left out. ``kind_of``: a kind per unit (its first unit's
-    names the function's)."""
+                 kind_of: dict[str, str] | None = None, deep_of: dict[str, bool] | None = None) -> list[dict]:
+    """``[{func, kind, deep, calls, isolated_us, in_program_us}]``: per TVM function, its units' mean isolated
+    latency (seconds in ``units``) and its measured device time per call in ``timeline``; functions whose call count
+    differs from their unit count (another build's graph) are left out. ``kind_of``: a kind per unit, ``deep_of``:
+    whether the unit is a deep convolution (``passes.cost.program.is_deep``); a function's first unit names its."""
     us, calls = func_times(timeline)
     by_func: dict[str, list[float]] = {}
     kind_by_func: dict[str, str] = {}
+    deep_by_func: dict[str, bool] = {}
     for unit, func in func_of.items():
         if unit in units:
             by_func.setdefault(func, []).append(units[unit])
             kind_by_func.setdefault(func, (kind_of or {}).get(unit, ""))
+            deep_by_func.setdefault(func, bool((deep_of or {}).get(unit, False)))
     rows = []
     for func, lat in sorted(by_func.items()):
         n = calls.get(func)
         if func not in us or n is None or abs(n - len(lat)) > 0.01:
             continue
-        rows.append({"func": func, "kind": kind_by_func[func], "calls": len(lat), "isolated_us": statistics.fmean(lat) * 1e6,
-                     "in_program_us": us[func] / n})
+        rows.append({"func": func, "kind": kind_by_func[func], "deep": deep_by_func[func], "calls": len(lat),
+                     "isolated_us": statistics.fmean(lat) * 1e6, "in_program_us": us[func] / n})
     return rows
 
 
@@ -76,21 +78,21 @@ def fit_affine(rows: list[dict]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def shipped_map_us(isolated_us: float, params, number: int) -> float:
+def shipped_map_us(isolated_us: float, params, number: int, deep: bool = False) -> float:
     """The in-program time of a kernel of isolated latency ``isolated_us`` by the shipped map (the simulator's
-    kernel duration, alone)."""
+    kernel duration, alone; ``deep``: a deep convolution, which takes ``program_deep_factor`` on top)."""
     from tvm_interop.passes.cost.program import IssuedOp, IssuedProgram, KERNEL, simulate
 
     quiet = params.replace(call_overhead=0.0, tail=0.0, host_kernel=0.0, launch_latency=0.0, kernel_gap=0.0,
                            graph_node_gap=0.0, graph_launch=0.0)
     prog = IssuedProgram([IssuedOp(KERNEL, unit="k")], cuda_graph=True)
-    return simulate(prog, {"k": (isolated_us * 1e-6, 1.0, "other", False, number)}, quiet).latency * 1e6
+    return simulate(prog, {"k": (isolated_us * 1e-6, 1.0, "other", False, number, deep)}, quiet).latency * 1e6
 
 
 def check(run: dict, model: str, table_path: str, clock: str = "issue", params=None) -> dict:
     from tvm_interop.api import prepare_program
     from tvm_interop.models import get_model
-    from tvm_interop.passes.cost.program import load_fitted
+    from tvm_interop.passes.cost.program import is_deep, load_fitted
     from tvm_interop.passes.cost.table import TableCostModel
 
     entry = next((m for m in run.get("models", []) if m["name"] == model), None)
@@ -104,11 +106,13 @@ def check(run: dict, model: str, table_path: str, clock: str = "issue", params=N
         raise SystemExit(f"{table_path} is for graph {table.table.get('graph_fingerprint')}, today's {model} is "
                          f"{program.graph.fingerprint()}")
     func_of = {u.name: (u.func_name or u.name) for u in program.graph.units}
-    rows = pair_kernels(timeline, table.units, func_of, {u.name: kernel_kind(u) for u in program.graph.units})
+    units = program.graph.units
+    rows = pair_kernels(timeline, table.units, func_of, {u.name: kernel_kind(u) for u in units},
+                        {u.name: is_deep(u) for u in units})
     a, b = fit_affine(rows)
     params = params or load_fitted()
     for r in rows:
-        r["shipped_us"] = shipped_map_us(r["isolated_us"], params, number)
+        r["shipped_us"] = shipped_map_us(r["isolated_us"], params, number, r["deep"])
         r["shipped_error"] = r["shipped_us"] / r["in_program_us"] - 1
         r["affine_error"] = (a * r["isolated_us"] + b) / r["in_program_us"] - 1
     errs = sorted(abs(r["shipped_error"]) for r in rows)

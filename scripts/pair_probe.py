@@ -27,8 +27,8 @@ import itertools
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # gpu_kernel_check: the same kernel kinds
-from gpu_kernel_check import DEEP_REDUCTION, conv_weight_shape, reduction_depth  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tvm_interop.passes.cost.program import DEEP_REDUCTION, conv_weight_shape, reduction_depth  # noqa: E402
 
 
 def pair_kind(unit) -> str:
@@ -120,5 +120,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())

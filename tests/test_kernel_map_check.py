@@ -14,8 +14,9 @@ def test_kernels_pair_by_function_and_only_with_matching_call_counts():
                               "f_kernel_1": {"us": 10.0, "calls": 2.0}}}    # f's second launch counts to f
     units = {"a": 10 * US, "b": 12 * US, "c": 4 * US, "d": 7 * US}
     func_of = {"a": "f", "b": "f", "c": "g", "d": "h"}                     # h never ran in the timeline
-    rows = km.pair_kernels(timeline, units, func_of, {"a": "conv", "b": "conv", "c": "pool", "d": "pool"})
-    assert rows == [{"func": "f", "kind": "conv", "calls": 2, "isolated_us": pytest.approx(11.0),
+    rows = km.pair_kernels(timeline, units, func_of, {"a": "conv", "b": "conv", "c": "pool", "d": "pool"},
+                           {"a": True, "b": True})
+    assert rows == [{"func": "f", "kind": "conv", "deep": True, "calls": 2, "isolated_us": pytest.approx(11.0),
                      "in_program_us": pytest.approx(20.0)}]
 
 
@@ -41,6 +42,10 @@ def test_the_shipped_map_is_the_simulators_kernel_duration():
     assert km.shipped_map_us(50.0, p, 10) == pytest.approx(61.48)
     assert km.shipped_map_us(1.5, p, 10) == pytest.approx(1.2)
     assert km.shipped_map_us(50.0, p, 0) == pytest.approx(1.2 * (1.1 * 50 - 1) - 2)
+    # a deep convolution takes program_deep_factor on top of program_scale
+    deep = p.replace(program_deep_factor=1.25)
+    assert km.shipped_map_us(50.0, deep, 0, deep=True) == pytest.approx(1.5 * (1.1 * 50 - 1) - 2)
+    assert km.shipped_map_us(50.0, deep, 0) == pytest.approx(1.2 * (1.1 * 50 - 1) - 2)
 
 
 def test_a_run_without_the_reference_timeline_is_refused():

@@ -239,6 +239,49 @@ def test_program_offset_adds_to_program_kernels_not_table_stages():
     assert simulate(chain(2), given, p).latency == pytest.approx(46 * US)
 
 
+def test_program_deep_factor_stretches_deep_convolutions_in_programs_only():
+    """A unit flagged deep (the tuple's sixth entry) takes program_scale x program_deep_factor inside a whole
+    program, the others program_scale; the table protocol and given kernel times take neither."""
+    p = quiet(program_scale=1.1, program_deep_factor=1.5 / 1.1, program_offset=-1 * US, kernel_min=1 * US)
+    lat = {"k0": (40 * US, SMALL, "conv_1x1", False, 0, True), "k1": (20 * US, SMALL, "conv_1x1", False, 0, False)}
+    assert simulate(chain(2), lat, p).latency == pytest.approx((1.5 * 40 - 1) * US + (1.1 * 20 - 1) * US)
+    # without the flag (an older tuple) both take program_scale
+    plain = {k: v[:5] for k, v in lat.items()}
+    assert simulate(chain(2), plain, p).latency == pytest.approx((1.1 * 40 - 1) * US + (1.1 * 20 - 1) * US)
+    iso = IssuedProgram(chain(2).ops, isolated=True)
+    assert simulate(iso, lat, p).latency == pytest.approx(60 * US)
+    given = {k: v[:3] + (True,) + v[4:] for k, v in lat.items()}
+    assert simulate(chain(2), given, p).latency == pytest.approx(60 * US)
+    # the floor scales with the unit's own factor
+    tiny = {"k0": (0.5 * US, SMALL, "conv_1x1", False, 0, True), "k1": (0.5 * US, SMALL, "conv_1x1", False, 0, False)}
+    assert simulate(chain(2), tiny, p).latency == pytest.approx(1.5 * US + 1.1 * US)
+
+
+def test_deep_convolutions_are_those_summing_over_1024_inputs(small_squeezenet):
+    """``is_deep`` reads the reduction depth (in channels per group x kernel area) of a convolution; the model's
+    unit inputs carry it, and the graph's convolutions record the weight shape the reduction depth reads."""
+    from tvm_interop.passes.cost.program import DEEP_REDUCTION, is_deep, reduction_depth
+    from tvm_interop.passes.graph import OpGraph, TensorInfo, Unit
+
+    def conv(name, w):
+        out = TensorInfo((1, w[0], 8, 8))
+        return Unit(name, "conv2d", [TensorInfo((1, w[1], 8, 8)), TensorInfo(w)], [out], attrs={"weight_shape": w})
+
+    convs = [conv("deep1x1", (64, 1024, 1, 1)), conv("deep3x3", (64, 128, 3, 3)), conv("shallow", (64, 1023, 1, 1)),
+             conv("depthwise", (512, 1, 3, 3))]
+    pool = Unit("pool", "avg_pool2d", [TensorInfo((1, 64, 8, 8))], [TensorInfo((1, 64, 8, 8))])
+    assert DEEP_REDUCTION == 1024
+    assert [reduction_depth(u) for u in convs + [pool]] == [1024, 1152, 1023, 9, None]
+    assert [is_deep(u) for u in convs + [pool]] == [True, True, False, False, False]
+    graph = OpGraph(convs + [pool], [], name="g")
+    got = ProgramCostModel({u.name: 5 * US for u in graph.units}, quiet(), timing_number=0).unit_inputs(graph)
+    assert {k: v[5] for k, v in got.items()} == {"deep1x1": True, "deep3x3": True, "shallow": False,
+                                                 "depthwise": False, "pool": False}
+    # a prepared model's convolutions: the recorded weight shape is the weight tensor the kernel reads
+    real = [u for u in small_squeezenet.graph.units if u.kind == "conv2d"]
+    assert real and all(reduction_depth(u) == math.prod(u.inputs[1].shape[1:]) for u in real)
+
+
 def test_table_protocol_replays_time_evaluator():
     """A single-unit stage, 5 calls back to back: host-bound at call_overhead + host_kernel per call when the
     kernel is shorter, device-bound at the kernel otherwise; a two-group stage forks and joins with events."""
@@ -308,15 +351,22 @@ def test_params_refuses_foreign_corrupt_and_newer_files(tmp_path, content, match
 
 def test_params_of_an_older_fit_load_without_the_newer_parameters(tmp_path):
     """A version-2 file (the fits before program_offset, e.g. ``gpu_cost_transfer.py --params`` of version 4)
-    loads with program_offset 0, so it predicts what it predicted then; the current version round-trips it."""
+    loads with program_offset 0, and a version-3 file (before program_deep_factor) with program_deep_factor 1, so
+    each predicts what it predicted then; the current version round-trips both."""
     old = {"format": "tvm-interop-program-cost", "version": 2,
            "params": {"kernel_scale": 1.03, "program_scale": 1.1, "host_kernel": 4e-6}}
     (tmp_path / "v2.json").write_text(json.dumps(old))
     p = ProgramCostParams.load(str(tmp_path / "v2.json"))
     assert p.program_offset == 0.0 and p.program_scale == pytest.approx(1.1)
-    q = p.replace(program_offset=-1.5 * US)
-    assert q.to_json()["version"] == 3
-    assert ProgramCostParams.from_json(q.to_json()).program_offset == pytest.approx(-1.5 * US)
+    assert p.program_deep_factor == 1.0
+    v3 = dict(old, version=3, params=dict(old["params"], program_offset=-2e-6, program_scale=1.2))
+    (tmp_path / "v3.json").write_text(json.dumps(v3))
+    p3 = ProgramCostParams.load(str(tmp_path / "v3.json"))
+    assert p3.program_deep_factor == 1.0 and p3.program_offset == pytest.approx(-2e-6)
+    q = p.replace(program_offset=-1.5 * US, program_deep_factor=1.3)
+    assert q.to_json()["version"] == 4
+    back = ProgramCostParams.from_json(q.to_json())
+    assert back.program_offset == pytest.approx(-1.5 * US) and back.program_deep_factor == pytest.approx(1.3)
 
 
 def test_params_missing_file_and_unknown_replace(tmp_path):
@@ -439,6 +489,27 @@ def test_fitter_separates_program_offset_from_program_scale():
     names = ["kernel_offset", "program_scale", "program_offset"]
     res = fit(samples, {"g": lat}, base=truth.replace(kernel_offset=0.0, program_scale=1.0, program_offset=0.0),
               names=names, iters=80)
+    got, want = res.params.values(), truth.values()
+    for k in names:
+        assert got[k] == pytest.approx(want[k], rel=0.03, abs=0.03 * US), k
+    assert res.loss < 1e-6
+
+
+def test_fitter_separates_program_deep_factor_from_program_scale():
+    """Programs of deep and of shallow convolutions (and a mix) tell the two in-program factors apart; the table
+    stages pin the isolated map, which neither touches."""
+    truth = quiet(kernel_scale=1.0, kernel_offset=-1 * US, program_scale=1.1, program_deep_factor=1.25,
+                  program_offset=-0.8 * US, call_overhead=4 * US, host_kernel=0.5 * US, kernel_min=1 * US)
+    deep = {f"D{i}": ((30 + 12 * i) * US, SMALL, "conv_1x1", False, 0, True) for i in range(5)}
+    shallow = {f"s{i}": ((8 + 9 * i) * US, SMALL, "conv_1x1", False, 0, False) for i in range(5)}
+    lat = {**deep, **shallow}
+    progs = [IssuedProgram([IssuedOp(KERNEL, unit=u) for u in us]) for us in (list(deep), list(shallow),
+                                                                               ["D0", "s1", "s4", "D3"])]
+    stages = [table_protocol_program([[u]], 5) for u in lat]
+    samples = [Sample(p, "g", simulate(p, lat, truth).latency) for p in progs + stages]
+    names = ["kernel_offset", "program_scale", "program_deep_factor", "program_offset"]
+    res = fit(samples, {"g": lat}, base=truth.replace(kernel_offset=0.0, program_scale=1.0, program_deep_factor=1.0,
+                                                      program_offset=0.0), names=names, iters=80)
     got, want = res.params.values(), truth.values()
     for k in names:
         assert got[k] == pytest.approx(want[k], rel=0.03, abs=0.03 * US), k
