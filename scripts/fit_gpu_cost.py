@@ -741,7 +741,8 @@ def _version4_section(ev: dict, summary: dict) -> list[str]:
          "and a host-bound issue identify it, and those are mostly NASNet-A-mobile's direct multi-stream programs: in "
          "version 3 the fold without that model let it drift to 7.7 µs, traded against `host_kernel`, and "
          f"overpredicted those programs by up to {V3_TODAY['nasnet_a_mobile'][1]:.0f} %.\n",
-         f"This fit (the current version): `host_keepalive` = {p.host_keepalive * 1e6:.2f} µs (all variants); per fold "
+         f"This fit (the current version): `host_keepalive` = {p.host_keepalive * 1e6:.2f} µs (all variants); "
+         "per fold "
          + ", ".join(f"{m} {v:.2f}" for m, v in sorted(folds.items())) + " µs.\n"]
     rows = []
     for m in ("nasnet_a_mobile", "ALL"):

@@ -4,8 +4,9 @@
     python scripts/kernel_map_check.py RUN/gpu_check.json MODEL UNIT_TABLE [--clock issue|device] [--json OUT]
 
 Why: the whole-program model (``passes.cost.program``) turns a unit table's isolated latency ``u`` into a kernel's
-time inside a program, ``program_scale * (kernel_scale * (u - timing_floor / number) + kernel_offset) +
-program_offset``; version 5 fitted ``program_offset`` from whole-program latencies only (long kernels run longer
+time inside a program, ``rho * (kernel_scale * (u - timing_floor / number) + kernel_offset) + program_offset``
+with ``rho = program_scale`` (times ``program_deep_factor`` for a deep convolution, since version 6, which this
+check motivated); version 5 fitted ``program_offset`` from whole-program latencies only (long kernels run longer
 inside a program than timed alone, every kernel sheds a fixed part). A run's ``sequential + CUDA graph`` kernel
 timeline (``gpu_check run --timeline``) measured each kernel's device time inside the program, one after another,
 so the map can be checked on every kernel instead of on sums: this script pairs each TVM function's isolated

@@ -43,10 +43,10 @@ start ``launch_latency`` after the host issued it and once everything before it 
   ``rho`` is ``program_scale`` in a whole program (times ``program_deep_factor`` for a *deep* convolution, one
   that sums over at least :data:`DEEP_REDUCTION` inputs per output, :func:`is_deep`) and 1 in a stage replayed as
   the cost-table protocol (``IssuedProgram.isolated``, :func:`table_protocol_program`): how much slower a kernel
-  runs inside a program than timed alone, warm, a few calls back to back; ``delta`` is ``program_offset`` in a whole program and 0 in the
-  table protocol: the fixed part of a kernel's isolated time that it sheds inside a program (fitted negative: a
-  sequential program of many short kernels runs faster than its kernels timed alone, one of few long kernels
-  slower);
+  runs inside a program than timed alone, warm, a few calls back to back; ``delta`` is ``program_offset`` in a
+  whole program and 0 in the table protocol: the fixed part of a kernel's isolated time that it sheds inside a
+  program (fitted negative: a sequential program of many short kernels runs faster than its kernels timed alone,
+  one of few long kernels slower);
 * concurrent kernels share the device as a fluid (processor sharing): a kernel demands ``f = min(1, work items
   / (fill_items))`` of the device (work items = output elements, as ``passes.cost.simulated`` counts them;
   ``fill_items`` = how many output elements fill the GPU) and every running kernel progresses at rate
