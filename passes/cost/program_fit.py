@@ -89,8 +89,8 @@ TRANSFORMS: dict[str, str] = {
 # (scripts/kernel_map_check.py) put deep convolutions (reducing over >= 1024 inputs per output) at 1.32-1.40x their
 # isolated time and shallow ones at 1.13-1.26x; split that way, the regression of the H100 sequential programs above
 # fits 1.29x / 1.11x (leave-one-model-out 5.6 % / 11.5 % against 6.5 % / 13.4 % for one factor). Table-fed unit
-# groups of both dates hold deep convolutions (Inception-v3, and the 2026-11-26 tables of GoogLeNet and ResNet-50),
-# so every fold identifies it (1.09-1.18 across the folds of the first fit, `--also-fit program_deep_factor`).
+# groups of both dates hold deep convolutions (Inception-v3, and the 2026-11-26 tables of ResNet-50, GoogLeNet and
+# NASNet-A-mobile), so every fold identifies it (1.09-1.18 across the folds of the first fit, `--also-fit program_deep_factor`).
 DEFAULT_FIT: list[str] = ["kernel_scale", "kernel_offset", "program_scale", "program_offset", "fill_items",
                           "host_kernel", "host_sync", "host_keepalive", "host_keepalive_v1", "event_latency",
                           "graph_event_latency", "call_overhead", "timing_floor", "kernel_gap", "program_deep_factor"]
