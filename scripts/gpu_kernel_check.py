@@ -66,13 +66,12 @@ def kernel_kind(unit) -> str:
     """The model's interference class of a unit (``passes.cost.program.unit_class``), convolutions split by their
     reduction depth (input channels per group x kernel area), the axis along which the 2026-11-28 H200 timelines
     of NASNet-A-large split: deep 1x1 convolutions grew more than the model said, shallow ones less."""
-    from tvm_interop.passes.cost.program import DEEP_REDUCTION, reduction_depth, unit_class
+    from tvm_interop.passes.cost.program import is_deep, reduction_depth, unit_class
 
     cls = unit_class(unit)
-    depth = reduction_depth(unit)
-    if depth is None:
+    if reduction_depth(unit) is None:
         return cls
-    return f"{cls} ({'deep' if depth >= DEEP_REDUCTION else 'shallow'})"
+    return f"{cls} ({'deep' if is_deep(unit) else 'shallow'})"
 
 
 def _target(run: dict) -> dict:

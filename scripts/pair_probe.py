@@ -28,7 +28,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tvm_interop.passes.cost.program import DEEP_REDUCTION, conv_weight_shape, reduction_depth  # noqa: E402
+from tvm_interop.passes.cost.program import conv_weight_shape, is_deep  # noqa: E402
 
 
 def pair_kind(unit) -> str:
@@ -38,7 +38,7 @@ def pair_kind(unit) -> str:
     if ws is None:
         return "pool" if "pool" in unit.kind else "other"
     if ws[2] * ws[3] == 1:
-        return "deep_1x1" if reduction_depth(unit) >= DEEP_REDUCTION else "shallow_1x1"
+        return "deep_1x1" if is_deep(unit) else "shallow_1x1"
     return "depthwise" if ws[1] == 1 else "spatial"
 
 
