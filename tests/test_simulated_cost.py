@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tvm_interop.passes.cost import get_cost_model
+from tvm_interop.passes.cost.conv_geometry import padded_on_both_axes
 from tvm_interop.passes.cost.simulated import PRESETS, DeviceSpec, SimulatedDevice
 from tvm_interop.passes.graph import TensorInfo, Unit
 from tvm_interop.passes.synthetic import inception_like, random_dag
@@ -58,6 +59,7 @@ def test_registry_and_fingerprint():
                                  lambda: get_cost_model("sim:h100", warp_size=32),
                                  lambda: SimulatedDevice("h100", bandwidth=0),
                                  lambda: SimulatedDevice("h100", launch=-1.0),
+                                 lambda: SimulatedDevice("h100", reduction_step=-1e-9),
                                  lambda: SimulatedDevice("h100", contention="psychic")])
 def test_bad_specs_are_clear_errors(bad):
     with pytest.raises(InteropError):
@@ -176,10 +178,52 @@ def test_merge_is_one_larger_kernel(device):
     merged = device.stage_latency([[u] for u in us], "merge")
     flops = sum(u.flops for u in us)
     nbytes = sum(u.bytes_moved for u in us) - 2 * us[0].inputs[0].nbytes
-    d, _, _ = device.kernel(flops, nbytes, sum(u.outputs[0].numel for u in us))
+    d, _, _ = device.kernel(flops, nbytes, sum(u.outputs[0].numel for u in us), device.reduction_floor(us[0]))
     assert merged == pytest.approx(sp.launch + d)
     assert merged < sum(device.unit_latency(u) for u in us)
     assert device.stage_latency([[us[0]]], "merge") == pytest.approx(device.unit_latency(us[0]))
+
+
+def _padded(unit: Unit, pad: list[int]) -> Unit:
+    return replace(unit, attrs={**unit.attrs, "conv": {"padding": pad, "groups": 1}})
+
+
+def test_tvm_presets_time_a_convolution_by_its_serial_reduction():
+    """TVM's default CUDA convolution loops over each output's reduction window one step at a time: under the
+    ``-tvm`` presets a convolution with fewer outputs than the device has lanes takes ``steps x reduction_step``
+    (plus ``boundary_step`` per step when its window is padded along both axes), whatever its FLOPs, as ResNet-50's
+    3x3 convolutions of 128 / 256 / 512 channels did on the H100 (104 / 201 / 385-415 us, equal FLOPs); a convolution
+    that fills the device is priced by the roofline as before; the datasheet presets have no such floor."""
+    tvm, datasheet = get_cost_model("sim:h100-tvm"), get_cost_model("sim:h100")
+    sp = tvm.spec
+    assert sp.reduction_step > 0 and sp.boundary_step > 0 and datasheet.spec.reduction_step == 0
+    # equal FLOPs, the reduction doubling as the outputs halve: the time follows the reduction
+    narrow = [_padded(conv(f"c{c}", c, hw, cin=c, k=3), [1, 1, 1, 1]) for c, hw in ((128, 28), (256, 14), (512, 7))]
+    assert len({u.flops for u in narrow}) == 1
+    for u in narrow:
+        steps = u.attrs["weight_shape"][1] * 9
+        assert tvm.unit_latency(u) == pytest.approx(sp.launch + steps * (sp.reduction_step + sp.boundary_step))
+    assert tvm.unit_latency(narrow[2]) > 3.5 * (tvm.unit_latency(narrow[0]) - sp.launch)
+    # padded along one axis only (a 1x7 window), or not at all: no boundary cost
+    one_axis = _padded(conv("r", 128, 17, cin=128, k=1), [0, 3, 0, 3])
+    assert not padded_on_both_axes(one_axis) and padded_on_both_axes(narrow[0])
+    assert tvm.reduction_floor(one_axis) == pytest.approx(128 * sp.reduction_step)
+    # the datasheet preset: roofline only
+    assert datasheet.reduction_floor(narrow[0]) == 0.0
+    big = conv("big", 256, 56, cin=16, k=1, batch=32)   # 25.7M outputs, 16 steps: the roofline decides
+    assert tvm._unit_kernel(big)[0] > tvm.reduction_floor(big)
+    assert tvm._unit_kernel(big) == tvm.kernel(big.flops, big.bytes_moved, big.outputs[0].numel)
+
+
+def test_tvm_presets_fill_the_device_with_a_matmuls_multiply_adds():
+    """A batch-1 matmul (a classifier) runs DLight's GEMV rule, which splits its reduction over threads: under the
+    ``-tvm`` presets it fills the device with its multiply-adds (measured 5-10 us on the H100 / H200, where one
+    lane per output priced it at 54-206 us), elsewhere with its outputs."""
+    x, w, y = TensorInfo((1, 2048)), TensorInfo((1000, 2048)), TensorInfo((1, 1000))
+    fc = Unit("fc", "matmul", [x, w], [y], flops=2.0 * 2048 * 1000, bytes_moved=float(x.nbytes + w.nbytes + y.nbytes))
+    tvm, datasheet = get_cost_model("sim:h100-tvm"), get_cost_model("sim:h100")
+    assert tvm.work_items(fc) == 2048 * 1000 and datasheet.work_items(fc) == 1000
+    assert tvm.unit_latency(fc) < 10e-6 < datasheet.unit_latency(fc)
 
 
 def test_merge_pays_for_padding_smaller_kernels(device):

@@ -85,6 +85,8 @@ from dataclasses import asdict, dataclass, field, fields
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.json_file import read_json
 
+from .conv_geometry import conv_weight_shape, reduction_depth  # noqa: F401 - part of this module's API
+
 PARAMS_FORMAT = "tvm-interop-program-cost"
 PARAMS_VERSION = 4          # 2: timing_floor, host_keepalive_v1; 3: program_offset; 4: program_deep_factor
 MAIN = -1                    # the caller's stream (as in passes.lower_streams)
@@ -671,21 +673,6 @@ def _device(queues: list[list[tuple]], n_events: int, inter, trace: bool):
             raise InteropError(f"deadlock in the issued program: stream {s} waits for an event that is never "
                                "recorded")
     return t, spans
-
-
-def conv_weight_shape(unit) -> tuple[int, int, int, int] | None:
-    """A convolution's weight shape (out channels, in channels per group, kernel height, width); None for any
-    other unit."""
-    ws = (getattr(unit, "attrs", {}) or {}).get("weight_shape")
-    if getattr(unit, "kind", "") == "conv2d" and isinstance(ws, (list, tuple)) and len(ws) == 4:
-        return tuple(int(x) for x in ws)
-    return None
-
-
-def reduction_depth(unit) -> int | None:
-    """How many inputs a convolution's output sums over (in channels per group x kernel area); None otherwise."""
-    ws = conv_weight_shape(unit)
-    return ws[1] * ws[2] * ws[3] if ws else None
 
 
 def is_deep(unit) -> bool:

@@ -4,8 +4,8 @@ the unit latencies of ``sim:h100-tvm``, the simulated H100 fitted to TVM's defau
 Why: a compile reports its scheduler's prediction under ``sim:h100``, which assumes tuned kernels and ignores the
 host's launch work, so it reads 2-3x below what the library then measures (SqueezeNet: 0.21 ms predicted, 0.46-0.52
 ms measured on an H100 / H200). The program model (version 6) on a fitted preset's units predicted measured
-runs' variants within 7-20 % (median per run; ``scripts/gpu_cost_transfer.py --sim``,
-``docs/gpu_cost_transfer_*_sim_v6.json``; SqueezeNet's 7-14 % low on the H100), so a user without the GPU at hand
+runs' variants within 3.8-10.2 % (median per run, worst 21-37 %; ``scripts/gpu_cost_transfer.py --sim``,
+``docs/gpu_cost_transfer_*_sim_preset2.json``; SqueezeNet's 5-15 % high on the H100), so a user without the GPU at hand
 learns what to expect of each candidate program the library carries: the schedule in both synchronisation modes
 and sequential, each launched directly and as a CUDA graph.
 

@@ -23,6 +23,20 @@ One kernel (a unit, or a merged stage) alone::
 A unit with ``flops == 0`` is memory bound (``d = bytes / (bandwidth * g)``); ``bytes`` is ``bytes_moved`` or,
 when that is 0, the sizes of its inputs and outputs.
 
+Two terms describe TVM's *default* CUDA kernels (DLight), for the ``-tvm`` presets only (zero / off elsewhere):
+
+    d    = max(d, steps * (reduction_step + boundary_step if padded on both axes))     a convolution
+    W    = flops / 2                                                                     a matmul (gemv_split)
+
+A default convolution gives each thread one output element and loops over its whole reduction window (in
+channels per group x kernel area = ``steps``) one step after another, so with fewer outputs than the device
+has lanes its time follows the reduction depth, not its FLOPs or bytes: on the H100 and H200 (2026-11-27 tables,
+device clock) ResNet-50's 3x3 convolutions of 128, 256 and 512 channels took 104, 201 and 385-415 us, 0.09 us
+per step each, while their FLOPs are equal; a window padded along both axes (every step tests the inlined
+padding's bounds on both) costs 0.08-0.09 us per step, any other 0.047-0.05 (1x1, 1x7, 7x1, an unpadded stride-2
+3x3). A batch-1 matmul runs DLight's GEMV rule, which splits the reduction over threads: it fills the device with
+its multiply-adds, not its 1000 outputs (measured 5-10 us where one lane per output said 54-206 us).
+
 Concurrent stage: each group is a chain ``launch, kernel, launch, kernel, ...`` on its own stream, and all
 groups start together. Kernel ``i`` occupies a fraction ``f_i`` of the compute units for ``d_i`` seconds
 (its *compute area* ``f_i * d_i``) and moves ``bytes_i`` (its *memory area* ``bytes_i / bandwidth``). The
@@ -69,13 +83,15 @@ Presets (``PRESETS``; "sustained" = datasheet x an efficiency a tuned TVM kernel
 * ``h100-tvm`` / ``h200-tvm``: the same GPUs running **TVM's default (DLight) CUDA kernels**, fitted
   (``scripts/fit_sim_preset.py``, ``docs/sim_presets_fit.md``) to the device-clock times of every unit of seven
   measured tables (Inception-v3, GoogLeNet, ResNet-50 on an H100; Inception-v3, GoogLeNet, RandWire,
-  NASNet-A-large on an H200, 2026-11-27): 10 % of the FP32 peak, the datasheet bandwidth, 1280 resident work
-  items per SM (the bandwidth at the grid's physical limit: these kernels are slow in compute, not memory). They
-  take 3-5x what ``h100`` says for the larger units; per table the median |log(simulated / measured)| of a unit
-  drops from 0.33-1.14 (a factor 1.4-3.1) to 0.05-0.26 (1.05-1.30), the same with each model left out of the fit
-  (every leave-one-model-out fit lands on the same grid point). For predicted latencies on
-  the level of a default build, and unit costs of a model without a measured table; the schedules they lead to
-  differ little from ``h100``'s (the same on Inception-v3), which stays the default.
+  NASNet-A-large on an H200, 2026-11-27): 14 % of the FP32 peak, the datasheet bandwidth, 1280 resident work
+  items per SM (not fitted: see the script), a convolution's serial reduction at 50 ns per step plus 35 ns when
+  its window is padded on both axes, and a matmul's reduction split over threads (above). They take 3-5x what
+  ``h100`` says for the larger units; per table the median |log(simulated / measured)| of a unit drops from
+  0.33-1.14 (a factor 1.4-3.1) to 0.03-0.13 (1.03-1.14), 0.05-0.13 with each model left out of the fit, and a
+  table's units sum to 0.99-1.07 of it (without the reduction floor: 0.05-0.26 and 0.76-1.10, ResNet-50's and
+  GoogLeNet's 3x3 convolutions 0.6x their time). For predicted latencies on the level of a default build, and
+  unit costs of a model without a measured table; the schedules they lead to differ little from ``h100``'s
+  (greedy and lios on Inception-v3, GoogLeNet and SqueezeNet the same), which stays the default.
 
 GPU overheads: launch 2.5 us (H100/H200) / 4 us (V100) per kernel; a concurrent stage adds fork/join events
 (3 us / 5 us) and 1.5 us / 2 us per extra stream. ``SimulatedDevice("h100", launch=1e-6)`` overrides a field;
@@ -91,6 +107,7 @@ from tvm_interop.runtime.errors import InteropError
 from ..graph import Unit
 from . import registry
 from .base import CostModel
+from .conv_geometry import conv_weight_shape, padded_on_both_axes, reduction_depth
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,10 @@ class DeviceSpec:
     bw_fill: float = 0.25       # fraction of the device's lanes that already saturates the bandwidth
     description: str = ""
     contention: str = "aggregate"  # "aggregate" (bounds, monotone) or "fluid" (time simulation)
+    # TVM's default CUDA kernels (module docstring): 0 / False for kernels that are not those
+    reduction_step: float = 0.0    # seconds per step of a convolution's per-output serial reduction
+    boundary_step: float = 0.0     # extra seconds per step when its window is padded along both axes
+    gemv_split: bool = False       # a matmul's reduction is split over threads: one work item per multiply-add
 
     @property
     def capacity(self) -> int:
@@ -124,10 +145,12 @@ PRESETS: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("cpu", 2, 1024, 2 * 50e9, 15e9, 1.0e-6, 8.0e-6, 4.0e-6, 0.5,
                       "2-core AVX2-class CPU (simulated)"),
     # fitted to device-clock unit times of TVM's default CUDA kernels (scripts/fit_sim_preset.py)
-    "h100-tvm": DeviceSpec("h100-tvm", 132, 1280, 66.9e12 * 0.10, 3.35e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
-                           "NVIDIA H100 SXM5 running TVM's default CUDA kernels (fitted)"),
-    "h200-tvm": DeviceSpec("h200-tvm", 132, 1280, 66.9e12 * 0.10, 4.8e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
-                           "NVIDIA H200 SXM running TVM's default CUDA kernels (fitted)"),
+    "h100-tvm": DeviceSpec("h100-tvm", 132, 1280, 66.9e12 * 0.14, 3.35e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                           "NVIDIA H100 SXM5 running TVM's default CUDA kernels (fitted)",
+                           reduction_step=50e-9, boundary_step=35e-9, gemv_split=True),
+    "h200-tvm": DeviceSpec("h200-tvm", 132, 1280, 66.9e12 * 0.14, 4.8e12, 2.5e-6, 3.0e-6, 1.5e-6, 0.25,
+                           "NVIDIA H200 SXM running TVM's default CUDA kernels (fitted)",
+                           reduction_step=50e-9, boundary_step=35e-9, gemv_split=True),
 }
 
 # (duration at full rate, fill fraction, bandwidth fraction): what the fluid simulation needs of one kernel
@@ -156,7 +179,7 @@ class SimulatedDevice(CostModel):
         for attr in ("compute_units", "lanes_per_unit", "peak_flops", "bandwidth", "bw_fill"):
             if not getattr(spec, attr) > 0:
                 raise InteropError(f"simulated device {spec.name!r}: {attr} must be > 0")
-        for attr in ("launch", "stage_sync", "stream_overhead"):
+        for attr in ("launch", "stage_sync", "stream_overhead", "reduction_step", "boundary_step"):
             if getattr(spec, attr) < 0:
                 raise InteropError(f"simulated device {spec.name!r}: {attr} must be >= 0")
         if spec.contention not in ("aggregate", "fluid"):
@@ -169,13 +192,14 @@ class SimulatedDevice(CostModel):
         self._stages: dict[tuple, float] = {}  # (strategy, kernels per group) -> seconds
 
     # ------------------------------------------------------------------ one kernel
-    def kernel(self, flops: float, nbytes: float, work_items: float) -> _Kernel:
-        """(d, f, m): time at full rate without launch, fill fraction, bandwidth fraction."""
+    def kernel(self, flops: float, nbytes: float, work_items: float, floor: float = 0.0) -> _Kernel:
+        """(d, f, m): time at full rate without launch, fill fraction, bandwidth fraction. ``floor``: the least
+        ``d`` whatever the roofline says (a convolution's serial reduction, :meth:`reduction_floor`)."""
         sp = self.spec
         f = min(1.0, max(1.0, work_items) / sp.capacity)
         g = min(1.0, f / sp.bw_fill)
         t_mem = max(0.0, nbytes) / (sp.bandwidth * g)
-        d = max(max(0.0, flops) / (sp.peak_flops * f), t_mem)
+        d = max(max(0.0, flops) / (sp.peak_flops * f), t_mem, floor)
         m = (max(0.0, nbytes) / sp.bandwidth) / d if d > 0 else 0.0
         return (d, f, m)
 
@@ -183,7 +207,7 @@ class SimulatedDevice(CostModel):
         hit = self._units.get(id(unit))
         if hit is not None and hit[0] is unit and hit[1] == unit.flops and hit[2] == unit.bytes_moved:
             return hit[3]
-        k = self.kernel(unit.flops, _unit_bytes(unit), _work_items(unit))
+        k = self.kernel(unit.flops, _unit_bytes(unit), self.work_items(unit), self.reduction_floor(unit))
         if len(self._units) > 500_000:
             self._units.clear()
         self._units[id(unit)] = (unit, unit.flops, unit.bytes_moved, k)
@@ -191,6 +215,21 @@ class SimulatedDevice(CostModel):
 
     def unit_latency(self, unit: Unit) -> float:
         return self.spec.launch + self._unit_kernel(unit)[0]
+
+    def work_items(self, unit: Unit) -> float:
+        """The lanes ``unit`` can fill: its output elements, or a matmul's multiply-adds when the device splits
+        its reduction (``gemv_split``)."""
+        if self.spec.gemv_split and unit.kind == "matmul" and unit.flops > 0:
+            return max(_work_items(unit), unit.flops / 2.0)
+        return _work_items(unit)
+
+    def reduction_floor(self, unit: Unit) -> float:
+        """Seconds a convolution's threads take to walk their reduction one step at a time (0 for any other unit
+        and on a device without ``reduction_step``)."""
+        steps = reduction_depth(unit)
+        if not steps or not self.spec.reduction_step:
+            return 0.0
+        return steps * (self.spec.reduction_step + (self.spec.boundary_step if padded_on_both_axes(unit) else 0.0))
 
     # ------------------------------------------------------------------ stages
     def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
@@ -270,7 +309,17 @@ class SimulatedDevice(CostModel):
         shared = units[0].inputs[0].nbytes if units[0].inputs else 0
         out_bytes = sum(t.nbytes for u in units for t in u.outputs)
         nbytes = max(float(out_bytes), sum(_unit_bytes(u) for u in units) - (len(units) - 1) * shared)
-        return self.kernel(flops, nbytes, sum(_work_items(u) for u in units))
+        return self.kernel(flops, nbytes, sum(self.work_items(u) for u in units), self._merged_floor(units))
+
+    def _merged_floor(self, units: Sequence[Unit]) -> float:
+        """The serial-reduction floor of the merged kernel: its members' windows are padded to the largest kernel
+        height and width (as their FLOPs in :func:`merged_flops`), so each thread walks that window."""
+        shapes = [conv_weight_shape(u) for u in units]
+        if not self.spec.reduction_step or not all(shapes):
+            return max(self.reduction_floor(u) for u in units)
+        steps = max(w[1] for w in shapes) * max(w[2] for w in shapes) * max(w[3] for w in shapes)
+        padded = any(padded_on_both_axes(u) for u in units)
+        return steps * (self.spec.reduction_step + (self.spec.boundary_step if padded else 0.0))
 
     def _simulate(self, groups: tuple) -> float:
         """Fluid simulation of concurrent chains of kernels sharing compute units and bandwidth."""
@@ -322,9 +371,11 @@ class SimulatedDevice(CostModel):
 
     def describe(self) -> str:
         sp = self.spec
+        serial = (f", convolutions >= {sp.reduction_step * 1e9:.0f} ns (+{sp.boundary_step * 1e9:.0f} padded) per "
+                  f"reduction step" if sp.reduction_step else "")
         return (f"{sp.description or sp.name}: {sp.compute_units} units x {sp.lanes_per_unit} lanes, "
                 f"{sp.peak_flops / 1e12:.2f} TFLOP/s, {sp.bandwidth / 1e9:.0f} GB/s, launch {sp.launch * 1e6:.1f} us, "
-                f"sync {sp.stage_sync * 1e6:.1f} us + {sp.stream_overhead * 1e6:.1f} us/stream")
+                f"sync {sp.stage_sync * 1e6:.1f} us + {sp.stream_overhead * 1e6:.1f} us/stream{serial}")
 
     def __repr__(self) -> str:
         return f"SimulatedDevice({self.name!r})"
