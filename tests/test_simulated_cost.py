@@ -215,6 +215,18 @@ def test_tvm_presets_time_a_convolution_by_its_serial_reduction():
     assert tvm._unit_kernel(big) == tvm.kernel(big.flops, big.bytes_moved, big.outputs[0].numel)
 
 
+def test_a_merged_convolution_walks_the_largest_padded_window():
+    """Merging zero-pads every member's window to the largest one (``passes.merge``), so under the ``-tvm``
+    presets each thread of the merged kernel walks in channels x the largest kernel area, with the boundary cost
+    when any member's window is padded on both axes."""
+    tvm = get_cost_model("sim:h100-tvm")
+    sp = tvm.spec
+    one, three = conv("a", 64, 7, cin=256, k=1), _padded(conv("b", 64, 7, cin=256, k=3), [1, 1, 1, 1])
+    assert tvm._merged_floor([one, three]) == pytest.approx(256 * 9 * (sp.reduction_step + sp.boundary_step))
+    assert tvm._merged_floor([one, conv("c", 32, 7, cin=256, k=1)]) == pytest.approx(256 * sp.reduction_step)
+    assert tvm.stage_latency([[one], [three]], "merge") >= sp.launch + 256 * 9 * (sp.reduction_step + sp.boundary_step)
+
+
 def test_tvm_presets_fill_the_device_with_a_matmuls_multiply_adds():
     """A batch-1 matmul (a classifier) runs DLight's GEMV rule, which splits its reduction over threads: under the
     ``-tvm`` presets it fills the device with its multiply-adds (measured 5-10 us on the H100 / H200, where one
