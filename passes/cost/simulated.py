@@ -229,7 +229,11 @@ class SimulatedDevice(CostModel):
         steps = reduction_depth(unit)
         if not steps or not self.spec.reduction_step:
             return 0.0
-        return steps * (self.spec.reduction_step + (self.spec.boundary_step if padded_on_both_axes(unit) else 0.0))
+        return self._walk(steps, padded_on_both_axes(unit))
+
+    def _walk(self, steps: int, padded: bool) -> float:
+        """Seconds to walk ``steps`` reduction steps, each testing the padding's bounds when ``padded``."""
+        return steps * (self.spec.reduction_step + (self.spec.boundary_step if padded else 0.0))
 
     # ------------------------------------------------------------------ stages
     def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
@@ -318,8 +322,7 @@ class SimulatedDevice(CostModel):
         if not self.spec.reduction_step or not all(shapes):
             return max(self.reduction_floor(u) for u in units)
         steps = max(w[1] for w in shapes) * max(w[2] for w in shapes) * max(w[3] for w in shapes)
-        padded = any(padded_on_both_axes(u) for u in units)
-        return steps * (self.spec.reduction_step + (self.spec.boundary_step if padded else 0.0))
+        return self._walk(steps, any(padded_on_both_axes(u) for u in units))
 
     def _simulate(self, groups: tuple) -> float:
         """Fluid simulation of concurrent chains of kernels sharing compute units and bandwidth."""
