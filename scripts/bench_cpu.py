@@ -8,7 +8,9 @@ latency next to the measured one. Writes docs/bench_cpu.json and docs/bench_cpu.
 
     .venv/bin/python scripts/bench_cpu.py --models inception_v3 squeezenet googlenet randwire --repeat 15
 
-Scheduler specs are ``name`` or ``name:cost``, optionally followed by ``+wave`` (wave fusion, ``passes.wave``): ``ios`` / ``lios`` use the measured cost model, ``ios:learned`` the
+Scheduler specs are ``name`` or ``name:cost``, optionally followed by ``+wave`` (wave fusion, ``passes.wave``) and then
+``+inorder`` (the concurrent groups left run one after another on the VM, ``passes.in_order``): ``ios`` / ``lios`` use
+the measured cost model, ``ios:learned`` the
 learned one (XGBoost trained on measured stages, with the search's picks measured; see passes.cost.learned).
 A measured-cost ios search of randwire's single 276-unit block needs hours of stage timing on this CPU, so
 randwire runs ``ios:learned`` only (``SKIP``). For every schedule costed by measurements the script also
@@ -60,10 +62,16 @@ def machine() -> dict:
 
 
 WAVE = "+wave"   # spec suffix: the same scheduler with wave fusion (passes.wave) where the cost model prices it faster
+IN_ORDER = "+inorder"   # spec suffix, last: the concurrent groups left run one after another (passes.in_order)
+
+
+def _base_spec(spec: str) -> str:
+    """The spec without its ``+wave`` / ``+inorder`` suffixes."""
+    return spec.removesuffix(IN_ORDER).removesuffix(WAVE)
 
 
 def _cost_of(spec: str) -> tuple[str, str]:
-    name, _, cost = spec.removesuffix(WAVE).partition(":")
+    name, _, cost = _base_spec(spec).partition(":")
     if cost:
         return name, cost
     return name, ("measured" if name in ("ios", "lios") else "sim:cpu")
@@ -114,8 +122,10 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                 continue
             kw = {"tuning_db": db} if db else {}
             t = time.perf_counter()
-            if spec.endswith(WAVE):
+            if spec.removesuffix(IN_ORDER).endswith(WAVE):
                 kw["fusion"] = "wave"
+            if spec.endswith(IN_ORDER):
+                kw["groups_in_order"] = True
             cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache_for(cache, cost), guard=False,
                                      name=name,
                                      max_memory_ratio=None, **kw)
@@ -123,6 +133,7 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
             models[row_name] = cm
             search = cm.schedule.search
             rows[row_name] = {"stages": cm.schedule.num_stages, "max_groups": cm.schedule.max_concurrency(),
+                              "executor": cm.runner.executor,
                               "optimisation_s": opt, "compile_s": time.perf_counter() - t, "cost": cost,
                               "kernels": "tuned" if db else "default",
                               "measurements": search.get("measurements"), "cache_hits": search.get("cache_hits"),
@@ -130,7 +141,7 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                               else cm.schedule.predicted_latency * 1e3,
                               "sim_vs_measured": sim_vs_measured(cm), "search": search,
                               "wave_fused_stages": sum(1 for r in cm.schedule.options.get("waves", []) if r["fused"])
-                              if spec.endswith(WAVE) else None}
+                              if "fusion" in kw else None}
             print(f"  {name}/{row_name}: {cm.schedule.num_stages} stages, optimisation {opt:.1f} s, "
                   f"{search.get('measurements', 0)} measurements", flush=True)
     first = next(iter(models.values()))
@@ -173,7 +184,9 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
            "`+wave` rows: the same scheduler with wave fusion (Rammer; `passes.wave`): every concurrent stage that the "
            "row's cost model prices faster fused runs as one kernel: one region where each thread runs whole chains when "
            "they balance, else one parallel region per wave (stages column: "
-           "stages of the schedule; fused in brackets).", ""]
+           "stages of the schedule; fused in brackets). `+inorder` rows: the concurrent groups left run one after "
+           "another, every kernel on all cores (the Relax VM; `passes.in_order`), which the never-slower guard "
+           "ships when it times faster than the worker threads and sequential.", ""]
     for r in results:
         tag = f" (`{TUNED.strip()}` rows: kernels from the tuning database {r['tuning_db']})" if r["tuning_db"] else ""
         out += [f"## {r['model']}{tag} — width {r['config'].get('width')}, {r['config'].get('image_size')} px", "",
@@ -229,7 +242,7 @@ def main() -> int:
     ap.add_argument("--out", default="docs/bench_cpu")
     args = ap.parse_args()
     schedulers = [s for s in args.schedulers.split(",")
-                  if s.removesuffix(WAVE).partition(":")[0] in available_schedulers()]
+                  if _base_spec(s).partition(":")[0] in available_schedulers()]
     if "sequential" not in schedulers:
         schedulers.insert(0, "sequential")  # the baseline of every ratio
     try:

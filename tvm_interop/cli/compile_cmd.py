@@ -27,6 +27,10 @@ def register(sub) -> None:
                         "the cost model predicts the schedule slower, else the schedule is timed against sequential "
                         "and the faster ships (a --schedule file ships as given); on: always timed; off: ship what "
                         "the scheduler found")
+    p.add_argument("--groups-in-order", default="auto", choices=["auto", "on", "off"],
+                   help="CPU: run each stage's concurrent groups one after another, every kernel on all cores (the "
+                        "Relax VM), instead of on worker threads. auto (default): the guard times both and builds "
+                        "the faster; on: always; off: never")
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
@@ -98,7 +102,8 @@ def run(args) -> int:
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
                                  fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32,
-                                 sync=args.sync, layout=args.layout, max_memory_ratio=args.max_memory_ratio)
+                                 sync=args.sync, layout=args.layout, max_memory_ratio=args.max_memory_ratio,
+                                 groups_in_order={"auto": None, "on": True, "off": False}[args.groups_in_order])
         fleet_report = fleet.report() if fleet is not None else None
     if args.schedule_out:
         cm.schedule.save(args.schedule_out)
@@ -113,6 +118,7 @@ def run(args) -> int:
         "model": s.model_name, "target": cm.target, "scheduler": s.scheduler, "units": len(cm.graph),
         "shipped_because": s.search.get("shipped_because"), "rejected_scheduler": s.search.get("guard_rejected"),
         "stages": s.num_stages, "max_concurrency": s.max_concurrency(), "cost": s.device,
+        "groups_in_order": bool(s.options.get("groups_in_order")), "executor": cm.runner.executor,
         "predicted_ms": None if s.predicted_latency is None else s.predicted_latency * 1e3,
         "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
         "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
@@ -134,6 +140,9 @@ def run(args) -> int:
         print(f"{s.model_name}: {len(cm.graph)} units -> {s.num_stages} stages (scheduler {s.scheduler}, "
               f"max {s.max_concurrency()} concurrent groups)")
         print(f"target: {cm.target}")
+        if summary["groups_in_order"]:
+            print(f"groups in order: each stage's {s.max_concurrency()} concurrent groups at most run one after "
+                  f"another, every kernel on all cores ({cm.runner.executor} executor)")
         if cm.layout["layout"] == "nchwc":
             lay = cm.layout
             print(f"layout: NCHW{lay['block']}c activations: {lay['blocked_convs']} of {lay['convs']} convolutions "
