@@ -41,6 +41,22 @@ def make_branchy_model(channels: int = 8, size: int = 16, seed: int = 0, batch: 
     return bb.get()
 
 
+def refuse_in_wave_fusion(monkeypatch, refused: str) -> None:
+    """Make wave fusion refuse unit ``refused`` (``NotFusable`` when it is lowered), as a unit with a nested
+    parallel loop would be: it stays beside the fused kernel as a concurrent group."""
+    import tvm_interop.passes.wave.kernel as kernel
+    from tvm_interop.passes.wave import NotFusable
+
+    real = kernel.lower_unit
+
+    def lower_unit(prog, unit, target):
+        if unit == refused:
+            raise NotFusable(f"{unit}: refused by the test")
+        return real(prog, unit, target)
+
+    monkeypatch.setattr(kernel, "lower_unit", lower_unit)
+
+
 @pytest.fixture(scope="session")
 def branchy_model():
     return make_branchy_model()

@@ -14,9 +14,10 @@ from tvm_interop.passes.in_order import IN_ORDER_OPTION, groups_in_order, runs_g
 from tvm_interop.passes.schedule import MERGE, Schedule, Stage
 from tvm_interop.passes.schedulers import schedule_graph
 from tvm_interop.passes.target import normalize_target
-from tvm_interop.passes.wave import NotFusable, fusable_stages
+from tvm_interop.passes.wave import fusable_stages
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.model import load
+from conftest import refuse_in_wave_fusion
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 HOST = normalize_target("llvm")
@@ -109,20 +110,11 @@ def test_groups_in_order_needs_a_cpu_target(branchy_model):
 def one_member_refused(branchy_model, monkeypatch):
     """Wave fusion with one group of the widest stage refused: that stage runs the fused kernel and the refused
     group side by side, so the rewritten program still has concurrent groups."""
-    import tvm_interop.passes.wave.kernel as kernel
-
     program, sched = _greedy(branchy_model)
     si = max(fusable_stages(sched), key=lambda i: len(sched.stages[i].groups))
     assert len(sched.stages[si].groups) >= 3
     refused = sched.stages[si].groups[0][0]
-    real = kernel.lower_unit
-
-    def lower_unit(prog, unit, target):
-        if unit == refused:
-            raise NotFusable(f"{unit}: refused by the test")
-        return real(prog, unit, target)
-
-    monkeypatch.setattr(kernel, "lower_unit", lower_unit)
+    refuse_in_wave_fusion(monkeypatch, refused)
     return refused
 
 

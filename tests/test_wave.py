@@ -27,6 +27,7 @@ from tvm_interop.passes.wave.kernel import WAVE_ATTR
 from tvm_interop.passes.wave.lowered import split_cpu
 from tvm_interop.runtime.errors import InteropError
 from tvm_interop.runtime.model import ScheduledModel
+from conftest import refuse_in_wave_fusion
 from zoo_cases import zoo_case, zoo_param, zoo_params
 
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -308,20 +309,11 @@ def test_nested_parallel_loops_are_refused_with_the_reason():
 
 def test_a_member_that_cannot_join_stays_beside_the_fused_kernel(branchy_model, branchy_input, branchy_reference,
                                                                    monkeypatch):
-    import tvm_interop.passes.wave.kernel as kernel
-
     program = prepare_program(branchy_model, HOST, name="branchy")
     sched = schedule_graph(program.graph, "greedy", "sim:cpu")
     si = max(fusable_stages(sched), key=lambda i: len(sched.stages[i].groups))
     refused = sched.stages[si].groups[0][0]
-    real = kernel.lower_unit
-
-    def lower_unit(prog, unit, target):
-        if unit == refused:
-            raise NotFusable(f"{unit}: refused by the test")
-        return real(prog, unit, target)
-
-    monkeypatch.setattr(kernel, "lower_unit", lower_unit)
+    refuse_in_wave_fusion(monkeypatch, refused)
     fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST, stages=[si])
     (rec,) = records
     assert [[refused]] == rec.left and any("refused by the test" in r for r in rec.reasons)
