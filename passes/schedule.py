@@ -240,6 +240,9 @@ class Schedule:
             f"schedule for {self.model_name or 'model'} by {self.scheduler or '?'}: {self.num_stages} stages, "
             f"{len(self.unit_order())} units"
             + (f", predicted {self.predicted_latency * 1e3:.3f} ms" if self.predicted_latency else "")
+            # passes.in_order's option (named here, not imported: that module builds on this one)
+            + ("; a CPU build runs each stage's groups one after another" if self.options.get("groups_in_order")
+               else "")
         ]
         for i, s in enumerate(self.stages):
             groups = " | ".join(", ".join(g) for g in s.groups)

@@ -39,9 +39,9 @@ def test_groups_in_order_split_every_concurrent_stage_in_group_order(branchy_mod
     assert [st.groups for st in flat.stages] == [[g] for st in sched.stages for g in st.groups]
     assert flat.search["in_order_from"] == sched.num_stages
     assert sched.to_json() == before            # the searched schedule is left as it is
-    assert not runs_groups_in_order(sched)
+    assert not runs_groups_in_order(sched) and "one after another" not in sched.describe()
     sched.options[IN_ORDER_OPTION] = True
-    assert runs_groups_in_order(sched)
+    assert runs_groups_in_order(sched) and "one after another" in sched.describe().splitlines()[0]
 
 
 def test_a_merge_stage_stays_one_stage():

@@ -406,7 +406,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             if fused_prog is not prog:   # the device picks between the waves and the same schedule unfused
                 unfused = (prog, run_s)
             prog, run_s = fused_prog, fused_s
-        if runs_groups_in_order(s):   # after merges and waves, which name the schedule's own stages
+        if device_kind == "cpu" and runs_groups_in_order(s):   # after merges and waves (they name its stages)
             run_s = in_order(run_s)
         built.update(program=prog, schedule=run_s)
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,

@@ -29,8 +29,9 @@ def register(sub) -> None:
                         "the scheduler found")
     p.add_argument("--groups-in-order", default="auto", choices=["auto", "on", "off"],
                    help="CPU: run each stage's concurrent groups one after another, every kernel on all cores (the "
-                        "Relax VM), instead of on worker threads. auto (default): the guard times both and builds "
-                        "the faster; on: always; off: never")
+                        "Relax VM), instead of on worker threads. auto (default): for a program that --wave-fusion "
+                        "or merges rewrote, the guard times both (and sequential) and builds the fastest; on: "
+                        "always; off: never")
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
