@@ -140,3 +140,23 @@ def test_progress_logging_shows_long_work_on_stderr(capsys):
         log.info("not shown with --quiet")
     err = capsys.readouterr().err
     assert "learned search round 1" in err and "not shown" not in err
+
+
+def test_compile_reports_a_failed_memory_report_after_writing_its_outputs(tmp_path, capsys, monkeypatch):
+    """The activation memory report compiles the built program again through TVM's pipeline; if that fails, the
+    library and schedule are still written and the failure is named, not a traceback."""
+    import tvm_interop.api as api
+
+    def broken(self):
+        raise RuntimeError("InternalError: the report's own compile failed")
+
+    monkeypatch.setattr(api.CompiledModel, "memory_report", broken)
+    so, sj = tmp_path / "m.so", tmp_path / "s.json"
+    rc = main(["compile", "squeezenet", "--width", "0.125", "--image-size", "32", "--scheduler", "greedy",
+               "--guard", "off", "-o", str(so), "--schedule-out", str(sj), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0 and so.exists() and sj.exists()
+    out = json.loads(captured.out)
+    assert "the report's own compile failed" in out["activation_report_error"]
+    assert out["activation_scheduled_bytes"] is None
+    assert "activation memory report failed" in captured.err

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from .common import add_layout_arg, add_model_args, add_rpc_args, fleet_from_args, fleet_line, print_json, progress_logging, status
@@ -114,7 +115,17 @@ def run(args) -> int:
         cm.export(args.output)
         export_seconds = time.perf_counter() - t_export
     s = cm.schedule
-    mem = cm.memory_report()  # activation memory in TVM's memory plan: scheduled (streams) vs sequential
+    mem_error = None
+    try:   # activation memory in TVM's memory plan: scheduled (streams) vs sequential
+        mem = cm.memory_report()
+    except Exception as e:  # noqa: BLE001 - a report about what was built; the outputs are written already
+        # once (2026-11-29, a wave-fused Inception-v3 lios build, not reproduced in 9 fresh runs) TVM's pipeline failed
+        # on the built program's plain main here (FuseTIR: "expected 12, provided 10") after the library, whose
+        # outputs matched plain TVM, had been written: say so instead of ending in a traceback
+        mem_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e}"
+        mem = {"scheduled_bytes": None, "sequential_bytes": None}
+        print(f"warning: the activation memory report failed ({mem_error}); the library and schedule were built "
+              "and written", file=sys.stderr)
     summary = {
         "model": s.model_name, "target": cm.target, "scheduler": s.scheduler, "units": len(cm.graph),
         "shipped_because": s.search.get("shipped_because"), "rejected_scheduler": s.search.get("guard_rejected"),
@@ -124,6 +135,7 @@ def run(args) -> int:
         "sequential_predicted_ms": None if s.sequential_latency is None else s.sequential_latency * 1e3,
         "activation_bytes": cm.plan.storage_bytes(), "compile_seconds": cm.timings,
         "activation_scheduled_bytes": mem["scheduled_bytes"], "activation_sequential_bytes": mem["sequential_bytes"],
+        "activation_report_error": mem_error,
         "output": args.output, "export_seconds": export_seconds, "schedule_out": args.schedule_out,
         "candidates": [c["name"] for c in cm.plan.meta.get("candidates", [])],
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
@@ -187,9 +199,10 @@ def run(args) -> int:
         runs_on = cm.runner.executor   # the executor a run of this library uses: its memory is the one that counts
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB{'  <- runs this library' if runs_on == 'threads' else ''}")
-        print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "
-              f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB"
-              f"{'  <- runs this library' if runs_on == 'vm' else ''}")
+        if mem_error is None:
+            print(f"activation memory, TVM's memory plan as built (VM executor): scheduled "
+                  f"{mem['scheduled_bytes'] / 2**20:.2f} MiB vs sequential {mem['sequential_bytes'] / 2**20:.2f} MiB"
+                  f"{'  <- runs this library' if runs_on == 'vm' else ''}")
         phases = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in cm.timings.items() if k != "total")
         print(f"compile {cm.timings['total']:.1f} s ({phases})")
         if summary["candidates"]:
