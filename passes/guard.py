@@ -6,8 +6,9 @@ program ships only if its median is not slower than sequential's. A schedule tha
 has shown no gain, and sequential is the simpler program with the smaller memory footprint, so it ships then too;
 the noise (IQR / median) is reported so a user can tell a clear loss from a coin toss.
 
-A CPU schedule with concurrent groups has a third contender: the same library with each stage's groups run one
-after another on the Relax VM (``passes.in_order``), every kernel on all the cores. It ships when it beats both
+A CPU schedule with concurrent groups has a third contender: the schedule built with each stage's groups run one
+after another on the Relax VM (``passes.in_order``), every kernel on all the cores; the library timed is the one
+that ships. It ships when it beats both
 (``choice == "in_order"``): worker threads, and the dispatch of every kernel from Python that comes with them, do
 not pay on every machine.
 """

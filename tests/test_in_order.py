@@ -118,12 +118,18 @@ def one_member_refused(branchy_model, monkeypatch):
     return refused
 
 
+class _Offered(dict):
+    libraries: dict = {}
+
+
 def _offered(monkeypatch, times_of):
-    """Replace the guard's clock: record the runs it is offered (name -> plan concurrency), answer ``times_of``."""
-    offered = {}
+    """Replace the guard's clock: record the runs it is offered (name -> plan concurrency; the libraries under
+    ``offered.libraries``), answer ``times_of``."""
+    offered = _Offered()
 
     def compare(runs, repeat=15, **_):
         offered.update({k: plan.max_concurrency() for k, (_lib, plan) in runs.items()})
+        offered.libraries = {k: lib for k, (lib, _plan) in runs.items()}
         return {k: list(times_of[k]) for k in runs}
 
     monkeypatch.setattr(guard_mod, "compare_libraries", compare)
@@ -139,6 +145,7 @@ def test_the_guard_builds_the_groups_in_order_when_they_time_fastest(branchy_mod
         assert offered == {"scheduled": 2, "in_order": 1, "sequential": 1}
         assert cm.guard.choice == "in_order" and cm.schedule.options[IN_ORDER_OPTION] is True
         assert cm.plan.max_concurrency() == 1 and cm.runner.executor == "vm"
+        assert cm.runner.library is offered.libraries["in_order"]      # the library timed is the one that ships
         assert "one after another" in cm.schedule.search["shipped_because"]
         assert cm.schedule.measured_latency == pytest.approx(1e-3)
         assert any(r["fused"] for r in cm.schedule.options["waves"])     # still the waves, now in order
