@@ -23,6 +23,7 @@ from tvm_interop.runtime.cuda import MAIN_FUNC, MAIN_GRAPH_FUNC
 from tvm_interop.runtime.errors import InteropError
 
 from .cuda_build import KILL_PASS, CudaBuildReport, cuda_pipeline_passes, insert_after
+from .keep_kernels import keep_kernels_pass
 from .target import normalize_target
 from .stream_memory import MemorySafetyReport, activation_memory, check_stream_memory_safety
 
@@ -30,11 +31,12 @@ log = logging.getLogger(__name__)
 
 
 def _backend_passes(target: tvm.target.Target) -> list:
-    """TVM's default pipeline for a non-CUDA target, as a list (the order of ``relax.get_default_pipeline``)."""
+    """TVM's default pipeline for a non-CUDA target, as a list (the order of ``relax.get_default_pipeline``),
+    after :func:`passes.keep_kernels.keep_kernels_pass` (TVM's ``FuseOps`` must not group our kernels again)."""
     from tvm.relax.backend import cpu_generic, gpu_generic
 
     backend = cpu_generic.pipeline if target.kind.name == "llvm" else gpu_generic.pipeline
-    return (backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+    return ([keep_kernels_pass()] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
             + backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
 
 

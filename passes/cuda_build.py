@@ -10,8 +10,10 @@
   (for a build on a GPU machine, where TVM compiles too). No GPU or driver is needed.
 * **Pipeline.** TVM's default CUDA pipeline (``relax.backend.cuda``): legalization, DLight's default GPU
   schedules (``Matmul, GEMV, Reduction, GeneralReduction, Fallback``: every kernel gets thread bindings), memory
-  planning, and the VM lowering passes — with three changes:
+  planning, and the VM lowering passes — with four changes:
 
+  - our kernels are marked opaque first, so that TVM's ``FuseOps`` does not group them again
+    (``passes.keep_kernels``: it did so nondeterministically, into malformed functions);
   - our ``WindowReduction`` rule goes before DLight's reduction rules (``passes.kernels.gpu_window``: pooling
     and depthwise windows get a thread per output; DLight gave Inception-v3's average pools a block per output,
     21 % of its H100 time);
@@ -278,12 +280,15 @@ def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC
                          report: CudaBuildReport | None = None, strict: bool = True, window_rule: bool = True
                          ) -> list:
     """The passes of TVM's default CUDA pipeline, in its order, with RewriteCUDAGraph restricted to
-    ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is left out, and one
-    pass is added at the end: flow runs' device functions made private again after ``AttachGlobalSymbol``
-    (:func:`passes.wave.subroutine.keep_device_subroutines`; it touches nothing else). ``passes.as_built``
-    inserts the memory check into this list, so the check sees what this build compiles."""
+    ``graph_funcs`` and DLight made robust (:func:`robust_default_schedule`); nothing else is left out, and two
+    passes are added: first, our kernels marked opaque so that ``FuseOps`` does not group them again
+    (:func:`passes.keep_kernels.keep_kernels_pass`), and at the end, flow runs' device functions made private
+    again after ``AttachGlobalSymbol`` (:func:`passes.wave.subroutine.keep_device_subroutines`; it touches
+    nothing else). ``passes.as_built`` inserts the memory check into this list, so the check sees what this
+    build compiles."""
     from tvm.relax.backend.cuda import pipeline as cp
 
+    from .keep_kernels import keep_kernels_pass
     from .wave.subroutine import keep_device_subroutines
 
     report = report if report is not None else CudaBuildReport()
@@ -291,7 +296,7 @@ def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC
                 for p in cp.finalize_passes(target)]
     legalize = [robust_default_schedule(target, report, window_rule) if p.info.name == "ApplyDefaultSchedule" else p
                 for p in cp.legalize_passes(target)]
-    return (cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
+    return ([keep_kernels_pass()] + cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
             + [keep_device_subroutines(target)])
 
 

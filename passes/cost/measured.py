@@ -125,9 +125,11 @@ class MeasuredCostModel(CostModel):
 
     def _build_shipped_kernels(self):
         """The model's kernels as the build ships them: the prepared module, except that each kernel the build
-        splits is its compute part (a module of kernels only, each exported under its name)."""
+        splits is its compute part. On a CPU, a module of kernels only, each exported under its name (no ``main``
+        for TVM's pipeline to group the kernels again: ``passes.keep_kernels``); a GPU's kernels get their thread
+        bindings from the Relax pipeline, so there the whole module is built."""
         shipped = self.shipped()
-        if not shipped:
+        if self.target.kind.name != "llvm":
             return tvm.compile(self.program.mod, self.target)
         funcs = {gv.name_hint: (shipped[gv.name_hint].compute if gv.name_hint in shipped else f)
                  for gv, f in self.program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
