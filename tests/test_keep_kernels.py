@@ -100,3 +100,22 @@ def test_kernels_the_pipeline_legalizes_are_still_fused_by_tvm():
             tvm.ir.assert_structural_equal(kept[gv.name_hint].body, f.body)
     assert _primitive_functions(run_until(legalized, HOST, "FuseOps")) == []
     assert len(_primitive_functions(run_until(Mod, HOST, "FuseOps"))) == 1   # add + relu, legalized in the build
+
+
+def test_every_build_pipeline_starts_by_keeping_the_kernels():
+    from tvm_interop.passes.as_built import pipeline_passes
+
+    for target in ("llvm", "cuda"):
+        assert pipeline_passes(target)[0].info.name == "InteropKeepKernels", target
+
+
+def test_a_wave_fused_cuda_program_keeps_its_kernels_too():
+    """The CUDA pipeline (DLight, graphs) runs the same FuseOps: a fused stage's outputs read by a concatenation
+    are left alone there as well (no GPU needed up to FuseOps)."""
+    cuda = normalize_target("cuda")
+    program = prepare_program(get_model("inception_v3", **small_config("inception_v3")), cuda, name="inception_v3")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100", model_name="inception_v3")
+    fused, _, records = apply_wave_fusion(program, sched, cuda)
+    assert any(r.fused for r in records)
+    assert _primitive_functions(run_until(fused.mod, cuda, "FuseOps")) == []
+    assert _callees(run_until(fused.mod, cuda, "FuseTIR")["main"]) == _callees(fused.mod["main"])
