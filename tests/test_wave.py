@@ -485,6 +485,32 @@ def test_cuda_wave_library_lets_the_device_pick_between_waves_and_streams(branch
         cm.close()
 
 
+def test_members_over_the_shared_memory_limit_stay_beside_the_fused_kernel(branchy_model, monkeypatch):
+    """A wave declares its members' shared memory together: two members that would exceed what a block may declare
+    cannot share it. The largest is left beside the fused kernel, named with the reason, and the others fuse;
+    never a failed build (here the members' declarations are inflated: the branchy kernels declare little)."""
+    from dataclasses import replace
+
+    from tvm_interop.passes.wave import kernel as wave_kernel
+    from tvm_interop.passes.wave.apply import plan_wave_stage
+    from tvm_interop.passes.wave.cuda import STATIC_SHARED_LIMIT
+
+    target = normalize_target(CUDA)
+    program = prepare_program(branchy_model, target, name="branchy")
+    sched = schedule_graph(program.graph, "greedy", "sim:h100")
+    si = max(fusable_stages(sched), key=lambda i: len(sched.stages[i].groups))
+    groups = [list(g) for g in sched.stages[si].groups]
+    assert len(groups) >= 3, "the case needs a stage of three groups"
+    big = {groups[0][0]: STATIC_SHARED_LIMIT // 2 + 64, groups[1][0]: STATIC_SHARED_LIMIT // 2 + 32}
+    real = wave_kernel.lower_unit
+    monkeypatch.setattr(wave_kernel, "lower_unit", lambda prog, u, t: replace(real(prog, u, t), shared_bytes=big[u])
+                        if u in big else real(prog, u, t))
+    kernel, rec = plan_wave_stage(program, groups, target)
+    assert kernel is not None and groups[0] in rec.left and groups[0] not in rec.fused
+    assert groups[1] in rec.fused and len(rec.fused) == len(groups) - 1
+    assert any("shared memory" in r and groups[0][0] in r for r in rec.reasons), rec.reasons
+
+
 def test_groups_on_another_device_stay_apart(branchy_model):
     program = prepare_program(branchy_model, HOST, name="branchy")
     sched = schedule_graph(program.graph, "greedy", "sim:cpu")
