@@ -296,8 +296,8 @@ def cuda_pipeline_passes(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC
                 for p in cp.finalize_passes(target)]
     legalize = [robust_default_schedule(target, report, window_rule) if p.info.name == "ApplyDefaultSchedule" else p
                 for p in cp.legalize_passes(target)]
-    return ([keep_kernels_pass()] + cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target) + finalize
-            + [keep_device_subroutines(target)])
+    return ([keep_kernels_pass()] + cp.library_dispatch_passes(target) + legalize + cp.dataflow_lower_passes(target)
+            + finalize + [keep_device_subroutines(target)])
 
 
 def cuda_pipeline(target: tvm.target.Target, graph_funcs=(MAIN_GRAPH_FUNC,),
