@@ -9,8 +9,8 @@ new function, and does it *nondeterministically*: the result depends on where ob
 those functions are malformed (a parameter list naming the wrong tuple's items, a body reading an undefined
 variable), and ``FuseTIR`` then stopped with "Parameter expression T.int64(12) expected an integer argument with
 value 12, but was provided with the argument T.int64(10)" in 6 and 7 of 60 reloads (two runs) of one wave-fused
-Inception-v3 program (``tvm-interop compile --wave-fusion``'s memory report failed that way once); where the shapes happen
-to agree, nothing would stop it from binding the wrong tensors. Marking every kernel already in the module
+Inception-v3 program (``tvm-interop compile --wave-fusion``'s memory report failed that way once); where the
+shapes happen to agree, nothing would stop it from binding the wrong tensors. Marking every kernel already in the module
 opaque (``op_pattern`` = ``kOpaque``, what ``AnnotateTIROpPattern`` gives a kernel it cannot analyse) makes
 ``FuseOps`` leave them alone, and the same 60 reloads all built. Kernels that the pipeline itself creates
 (``LegalizeOps`` of a Relax operator) are annotated and fused by TVM as usual.
