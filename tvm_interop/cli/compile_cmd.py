@@ -119,9 +119,9 @@ def run(args) -> int:
     try:   # activation memory in TVM's memory plan: scheduled (streams) vs sequential
         mem = cm.memory_report()
     except Exception as e:  # noqa: BLE001 - a report about what was built; the outputs are written already
-        # once (2026-11-29, a wave-fused Inception-v3 lios build, not reproduced in 9 fresh runs) TVM's pipeline failed
-        # on the built program's plain main here (FuseTIR: "expected 12, provided 10") after the library, whose
-        # outputs matched plain TVM, had been written: say so instead of ending in a traceback
+        # once (2026-11-29, a wave-fused Inception-v3 lios build) TVM's pipeline failed on the built program's plain
+        # main here (FuseTIR: "expected 12, provided 10": TVM's FuseOps regrouping our kernels, since kept from it by
+        # passes.keep_kernels) after the library had been written: a failure here says so, not a traceback
         mem_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e}"
         mem = {"scheduled_bytes": None, "sequential_bytes": None}
         print(f"warning: the activation memory report failed ({mem_error}); the library and schedule were built "
