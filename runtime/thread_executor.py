@@ -3,8 +3,9 @@
 Why threads and not the Relax VM: on a CPU the VM runs kernels one after another, so a schedule's concurrency
 has to come from the host. TVM kernels release the GIL, so two Python threads really run two kernels at once.
 Each thread that calls a parallel TVM kernel gets its own TVM thread pool (thread-local), so we keep a *fixed*
-set of workers (pools are created once) and give each worker's pool a share of the cores: a stage with g groups
-runs each group with ``cores // g`` TVM threads, a single-group stage uses every core.
+set of workers (pools are created once, at most one per core unless asked) and give each worker's pool a share of
+the cores: a stage with g groups runs on w = min(g, workers) workers, each taking the stage's next group when it is
+free, with ``cores // w`` TVM threads; a single-group stage uses every core.
 
 TVM pins the thread that owns a pool to a core unless ``TVM_BIND_THREADS=0``; pinned workers would then fight for
 the same core, so ``runtime`` sets ``TVM_BIND_THREADS=0`` before TVM starts any pool (unless the user chose).
@@ -118,7 +119,11 @@ class ThreadExecutor:
                 self.kernels[c.func] = f
         self.cores = cores or _usable_cores()
         want = plan.max_concurrency()
-        self.num_workers = max(1, min(num_workers or want, want))
+        # By default no more workers than cores: a stage with more groups than cores runs them on the cores'
+        # workers, each taking the stage's next group when it is free (see ``_run_stages``). More workers than
+        # cores only time-slice: RandWire (width 0.5) greedy, stages of up to 9 groups on 2 cores, ran 9.24 ms
+        # with a worker per group and 5.54 ms with two. An explicit ``num_workers`` is honoured.
+        self.num_workers = max(1, min(num_workers or min(want, self.cores), want))
         # Stage mode may share storage between buffers whose stage intervals are disjoint (the plan says which).
         # Dependency mode has no barriers, so no interval is known to be over: every buffer gets its own storage.
         # A storage holds its largest buffer; every buffer is a view of it from its start (shapes may differ).
@@ -256,27 +261,47 @@ class ThreadExecutor:
                         fns[c]()
                 continue
             self._ensure_workers()
-            nthreads = max(1, self.cores // min(len(stage), self.num_workers))
-            pending = len(stage)
-            cv = threading.Condition()
-            errors: list[BaseException] = []
+            self._run_pulled(stage, lambda g: self._run_group(g))
 
-            def done(err, _cv=cv):
-                nonlocal pending
-                with _cv:
-                    if err is not None:
-                        errors.append(err)
-                    pending -= 1
-                    if pending == 0:
-                        _cv.notify()
+    def _run_pulled(self, groups: list[list[int]], run_group: Callable[[list[int]], None]) -> None:
+        """Run ``groups`` on ``min(len(groups), num_workers)`` workers, each taking the next group not yet taken
+        (in order) whenever it is free, and return when all are done.
 
-            for k, g in enumerate(stage):
-                self._workers[k % self.num_workers].submit(lambda g=g: self._run_group(g), nthreads, done)
+        Why pulled and not dealt out in advance: the executor knows no group's cost, and a worker that pulls
+        balances the load by itself (a greedy list schedule), the same whether a stage has as many groups as
+        workers or many more. Each worker's kernels get ``cores // active workers`` threads."""
+        active = min(len(groups), self.num_workers)
+        nthreads = max(1, self.cores // active)
+        taken = iter(groups)
+        take = threading.Lock()
+        pending = active
+        cv = threading.Condition()
+        errors: list[BaseException] = []
+
+        def pull() -> None:
+            while not errors:
+                with take:
+                    g = next(taken, None)
+                if g is None:
+                    return
+                run_group(g)
+
+        def done(err) -> None:
+            nonlocal pending
             with cv:
-                while pending:
-                    cv.wait()
-            if errors:
-                raise errors[0]
+                if err is not None:
+                    errors.append(err)
+                pending -= 1
+                if pending == 0:
+                    cv.notify()
+
+        for w in self._workers[:active]:
+            w.submit(pull, nthreads, done)
+        with cv:
+            while pending:
+                cv.wait()
+        if errors:
+            raise errors[0]
 
     def _run_dependency(self) -> None:
         """Dispatch every group as soon as the calls it reads from are done; no stage barriers."""
@@ -288,43 +313,29 @@ class ThreadExecutor:
             return
         self._ensure_workers()
         events = [threading.Event() for _ in plan.calls]
-        width = max(1, min(self.num_workers, plan.max_concurrency()))
-        nthreads = max(1, self.cores // width)
-        errors: list[BaseException] = []
-        remaining = len(groups)
-        cv = threading.Condition()
+        failed = threading.Event()
         fns = self._call_fns
 
         def run_group(g):
-            for c in g:
-                for d in plan.deps[c]:
-                    if not events[d].wait(timeout=600):
-                        raise InteropError(f"call {c} waited too long for call {d}")
-                    if errors:
-                        raise InteropError("aborted: another group failed")
-                fns[c]()
-                events[c].set()
+            try:
+                for c in g:
+                    for d in plan.deps[c]:
+                        if not events[d].wait(timeout=600):
+                            raise InteropError(f"call {c} waited too long for call {d}")
+                        if failed.is_set():
+                            raise InteropError("aborted: another group failed")
+                    fns[c]()
+                    events[c].set()
+            except BaseException:
+                failed.set()
+                for e in events:
+                    e.set()
+                raise
 
-        def done(err):
-            nonlocal remaining
-            with cv:
-                if err is not None:
-                    errors.append(err)
-                    for e in events:
-                        e.set()
-                remaining -= 1
-                if remaining == 0:
-                    cv.notify()
-
-        # Groups are submitted in schedule order, round-robin; a worker blocks only on producers that were
-        # submitted earlier, so there is no deadlock (producers always precede consumers in this order).
-        for k, g in enumerate(groups):
-            self._workers[k % self.num_workers].submit(lambda g=g: run_group(g), nthreads, done)
-        with cv:
-            while remaining:
-                cv.wait()
-        if errors:
-            raise errors[0]
+        # Workers take groups in schedule order, and a group reads only from groups before it: the first group
+        # not yet done has every producer done and is running or about to be taken, so there is no deadlock
+        # however few workers there are.
+        self._run_pulled(groups, run_group)
 
 
 def _usable_cores() -> int:

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import tvm
 
+from tvm_interop.runtime.cpu_threads import kernel_threads
 from tvm_interop.runtime.machine import cpu_identity
 from tvm_interop.runtime.stage_timer import KernelCall, StageTimer
 
@@ -169,7 +170,10 @@ class MeasuredCostModel(CostModel):
         key = (strategy, sig_groups)
         if key in self._memo:
             return self._memo[key]
-        cache_key = f"{strategy}|{'|'.join(','.join(g) for g in sig_groups)}|b{self.batch}"
+        # A stage with more groups than cores runs on one worker per core, each pulling the next group
+        # (``runtime.thread_executor``); timings from before that ran a worker per group, so they are another key.
+        pulled = "+pulled" if len(groups) > kernel_threads() else ""
+        cache_key = f"{strategy}{pulled}|{'|'.join(','.join(g) for g in sig_groups)}|b{self.batch}"
         value = self.cache.get(cache_key) if self.cache is not None else None
         if value is not None:
             self.cache_hits += 1
