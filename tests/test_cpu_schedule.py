@@ -592,3 +592,30 @@ def test_random_convolutions_with_epilogues_equal_unscheduled(mcpu):
         np.testing.assert_allclose(got, _run(mod, inputs, run_on), rtol=1e-4, atol=1e-4,
                                    err_msg=f"case {case}: cin {cin} cout {cout} k {k} stride {stride} "
                                            f"size {size} crop {crop}")
+
+
+@pytest.mark.parametrize("mcpu", ["haswell", "skylake-avx512"])
+def test_random_pools_and_depthwise_equal_unscheduled(mcpu):
+    """Random pooling (max / avg, NCHW and channel-blocked with the target's lanes) and depthwise geometries,
+    scheduled for 8- and 16-lane targets: every result equals the unscheduled build."""
+    rng = np.random.default_rng(21 if mcpu == "haswell" else 22)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    lanes = vector_lanes(target)
+    run_on = _runnable_here(target)
+    for case in range(8):
+        size, k = int(rng.integers(5, 30)), int(rng.choice([2, 3, 5]))
+        stride, pad = int(rng.choice([1, 2])), int(rng.integers(0, k // 2 + 1))
+        kind = ["max", "avg", "depthwise"][case % 3]
+        blocked = kind != "depthwise" and bool(rng.integers(0, 2))
+        c = int(rng.integers(1, 4)) if blocked else int(rng.integers(3, 40))
+        if kind == "depthwise":
+            mod = _conv((1, c, size, size), c, k, stride=stride, pad=pad, groups=c, bias=True)
+        elif blocked:
+            mod = _pool(kind, (1, c, size, size, lanes), k, stride, pad, layout=f"NCHW{lanes}c")
+        else:
+            mod = _pool(kind, (1, c, size, size), k, stride, pad)
+        inputs = _inputs(mod)
+        got = _run(apply_cpu_schedules(mod, target), inputs, run_on)
+        np.testing.assert_allclose(got, _run(mod, inputs, run_on), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"case {case}: {kind} blocked {blocked} c {c} size {size} k {k} "
+                                           f"stride {stride} pad {pad}")
