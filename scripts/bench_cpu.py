@@ -44,6 +44,8 @@ CONFIGS = {  # per model: width, image size chosen so one run stays well under a
 }
 
 
+RTOL = ATOL = 1e-4   # the project's tolerance against plain TVM for fp32
+
 SKIP = {"randwire": {"ios": "a measured-cost ios search of its one 276-unit block needs hours of stage timing "
                             "here; ios:learned (measured units + seed stages + every chosen stage) runs instead"}}
 
@@ -148,7 +150,9 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
     x = first.random_inputs(0)
     ref = tvm_interop.run_reference(mod, x)
     for s, cm in models.items():
-        rows[s]["max_abs_diff"] = float(np.max(np.abs(cm.run(*x) - ref)))
+        out = cm.run(*x)
+        rows[s]["max_abs_diff"] = float(np.max(np.abs(out - ref)))
+        rows[s]["match"] = bool(np.shape(out) == np.shape(ref) and np.allclose(out, ref, rtol=RTOL, atol=ATOL))
     times = {s: [] for s in models}
     for cm in models.values():
         cm.run(*x, numpy=False)
@@ -200,7 +204,7 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
             out.append(f"| {s} | {row['stages']}{fused} | {row['max_groups']} | {row['median_ms']:.2f} | {row['iqr_ms']:.2f} | "
                        f"{row['speedup_vs_sequential']:.2f}x | {row['speedup_vs_default_sequential']:.2f}x | "
                        f"{row['optimisation_s']:.1f} | {meas} | {pred} | "
-                       f"{row['max_abs_diff']:.1e} |")
+                       f"{row['max_abs_diff']:.1e}{'' if row.get('match', True) else ' **MISMATCH**'} |")
         for s, why in r.get("skipped", {}).items():
             out.append(f"| {s} | skipped: {why} ||||||||||")
         out.append("")
@@ -221,6 +225,11 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
                        f"total, new stages): {rounds}.")
         out.append("")
     return "\n".join(out)
+
+
+def mismatches(results: list[dict]) -> list[str]:
+    """``model/scheduler`` of every row whose output differs from plain TVM's."""
+    return [f"{r['model']}/{s}" for r in results for s, row in r["rows"].items() if not row.get("match", False)]
 
 
 def main() -> int:
@@ -262,6 +271,12 @@ def main() -> int:
     with open(args.out + ".md", "w") as f:
         f.write(md + "\n")
     print(md)
+    mismatched = mismatches(results)
+    if mismatched:
+        # a speed-up of a program that computes something else is no result: the run fails, and says which
+        print(f"[bench_cpu] MISMATCH against plain TVM (rtol/atol {RTOL}): {', '.join(mismatched)}", file=sys.stderr)
+        return 1
+    print("[bench_cpu] every output matches plain TVM", flush=True)
     return 0
 
 

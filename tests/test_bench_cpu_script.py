@@ -1,0 +1,22 @@
+"""``scripts/bench_cpu.py`` refuses to present a speed-up of a program that computes something else: a row whose
+output differs from plain TVM is flagged in the table and fails the run (it once printed RandWire rows off by
+0.61 as 1.27x faster)."""
+from scripts_under_test import load_script
+
+
+def _row(diff: float, match: bool) -> dict:
+    return {"stages": 3, "max_groups": 2, "median_ms": 1.0, "iqr_ms": 0.1, "speedup_vs_sequential": 1.0,
+            "speedup_vs_default_sequential": 1.0, "optimisation_s": 0.0, "measurements": None, "predicted_ms": None,
+            "max_abs_diff": diff, "match": match, "search": {}, "sim_vs_measured": None}
+
+
+def test_a_mismatching_row_is_flagged_and_named():
+    bench = load_script("bench_cpu")
+    results = [{"model": "randwire", "config": {"width": 0.5, "image_size": 112}, "tuning_db": None, "skipped": {},
+                "rows": {"sequential": _row(0.61, False), "lios": _row(0.61, False)}},
+               {"model": "squeezenet", "config": {"width": 1.0, "image_size": 112}, "tuning_db": None, "skipped": {},
+                "rows": {"sequential": _row(1e-6, True)}}]
+    assert bench.mismatches(results) == ["randwire/sequential", "randwire/lios"]
+    md = bench.markdown(results, {"cpu": "x", "cores": 2, "ram_gib": 1, "tvm": "0", "python": "3"}, "cmd")
+    assert md.count("**MISMATCH**") == 2
+    assert bench.mismatches(results[1:]) == []
