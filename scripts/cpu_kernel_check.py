@@ -1,0 +1,127 @@
+"""Every CPU kernel of a model, as our default schedules build it, against the same kernel unscheduled, on this host.
+
+    .venv/bin/python scripts/cpu_kernel_check.py randwire --width 0.5 --image-size 112
+    .venv/bin/python scripts/cpu_kernel_check.py inception_v3 squeezenet --json out/kernels.json
+
+Why: the default CPU schedules (``passes/kernels/cpu_schedule.py``) choose their tiles from the host's vector
+width, and the layout pass pads channels to it, so a host with other instructions builds other kernels. A wrong
+tile shows up as a whole-program mismatch (``scripts/bench_cpu.py`` fails on one) but does not say which kernel;
+this does. It found the cropping-epilogue bug of 2026-11-29 on an AVX2 host (RandWire, width 0.5, 112 px: one
+of ~100 kernels off by 55, ``docs/bench_cpu_epyc_avx2_2026-11-29.md``).
+
+Each kernel of ``passes.prepare`` (the fused, scheduled PrimFuncs) is built alone for this machine's CPU and run
+on random inputs of its call site's shapes, next to the unscheduled function that the module keeps; outputs are
+compared with rtol/atol 1e-4 (scaled by the output's magnitude). Exit status 1 when a kernel differs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+TOL = 1e-4
+
+
+def call_sites(mod: tvm.IRModule) -> dict[str, tuple[list[tuple[list[int], str]], int]]:
+    """Per PrimFunc called from ``main``: the shapes and dtypes of its arguments (outputs last) and how many of
+    them are outputs."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    sites: dict[str, tuple[list[tuple[list[int], str]], int]] = {}
+
+    def visit(e) -> None:
+        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+            args = [(list(map(int, a.ty.shape.values)), str(a.ty.dtype)) for a in e.args[1].fields]
+            out = e.ty_args[0]
+            outs = [out] if isinstance(out, relax.TensorType) else list(out.fields)
+            sites.setdefault(e.args[0].name_hint, (args + [(list(map(int, o.shape.values)), str(o.dtype))
+                                                           for o in outs], len(outs)))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return sites
+
+
+def _run(func, args: list[np.ndarray], target, n_out: int) -> list[np.ndarray]:
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    tensors = [tvm.runtime.tensor(a.copy()) for a in args]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors[len(tensors) - n_out:]]
+
+
+def check_module(mod: tvm.IRModule, target=None, seed: int = 0, progress=None) -> list[dict]:
+    """One row per kernel of ``mod`` prepared for ``target`` (default: this machine's CPU): its name, the plan
+    that scheduled it, its largest absolute difference and whether it matches."""
+    from tvm_interop.passes.prepare import CPU_SCHEDULED, prepare
+    from tvm_interop.passes.target import normalize_target
+
+    target = normalize_target(target or "llvm")
+    fused = prepare(mod, target)
+    unscheduled = fused.attrs[CPU_SCHEDULED]
+    sites = call_sites(fused)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for gv, func in fused.functions.items():
+        name = gv.name_hint
+        if not isinstance(func, tvm.tirx.PrimFunc) or name not in sites or name not in unscheduled:
+            continue
+        plain = unscheduled[name]
+        plan = str(func.attrs["tvm_interop.cpu_plan"]) if func.attrs and "tvm_interop.cpu_plan" in func.attrs else None
+        if plan is None:
+            continue                      # left unscheduled: nothing to compare
+        shapes, n_out = sites[name]
+        args = [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
+                for shape, dtype in shapes]
+        got = _run(func, args, target, n_out)
+        want = _run(plain, args, target, n_out)
+        diff = max(float(np.max(np.abs(g - w))) if g.size else 0.0 for g, w in zip(got, want))
+        ok = all(np.allclose(g, w, rtol=TOL, atol=TOL * max(1.0, float(np.max(np.abs(w))) if w.size else 1.0))
+                 for g, w in zip(got, want))
+        rows.append({"kernel": name, "plan": plan, "max_abs_diff": diff, "match": bool(ok)})
+        if progress is not None:
+            progress(rows[-1])
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+", help="zoo model names")
+    ap.add_argument("--width", type=float, default=0.5)
+    ap.add_argument("--image-size", type=int, default=None)
+    ap.add_argument("--target", default="llvm", help="default: this machine's CPU")
+    ap.add_argument("--json", help="write every kernel's row here")
+    args = ap.parse_args()
+    import tvm_interop
+    from tvm_interop.passes.target import target_text
+
+    report = {"target": None, "models": {}}
+    bad = []
+    for name in args.models:
+        mod, _ = tvm_interop.load_module(name, width=args.width, image_size=args.image_size)
+        rows = check_module(mod, args.target)
+        report["models"][name] = rows
+        wrong = [r for r in rows if not r["match"]]
+        bad += [f"{name}/{r['kernel']}" for r in wrong]
+        print(f"{name}: {len(rows)} scheduled kernels, {len(wrong)} differ", flush=True)
+        for r in wrong:
+            print(f"  DIFFERS {r['kernel']} (plan {r['plan']}): max abs diff {r['max_abs_diff']:.3g}", flush=True)
+    from tvm_interop.passes.target import normalize_target
+
+    report["target"] = target_text(normalize_target(args.target))
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
