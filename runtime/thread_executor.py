@@ -121,8 +121,9 @@ class ThreadExecutor:
         want = plan.max_concurrency()
         # By default no more workers than cores: a stage with more groups than cores runs them on the cores'
         # workers, each taking the stage's next group when it is free (see ``_run_stages``). More workers than
-        # cores only time-slice: RandWire (width 0.5) greedy, stages of up to 9 groups on 2 cores, ran 9.24 ms
-        # with a worker per group and 5.54 ms with two. An explicit ``num_workers`` is honoured.
+        # cores only time-slice: RandWire (width 0.5, 112 px) greedy, stages of up to 7 groups, on a 2-core EPYC
+        # ran 18.88 ms with a worker per group and 13.25 ms with two pulling workers (same library, interleaved;
+        # docs/bench_cpu_epyc_avx2_2026-11-29.md). An explicit ``num_workers`` is honoured.
         self.num_workers = max(1, min(num_workers or min(want, self.cores), want))
         # Stage mode may share storage between buffers whose stage intervals are disjoint (the plan says which).
         # Dependency mode has no barriers, so no interval is known to be over: every buffer gets its own storage.
