@@ -54,6 +54,10 @@ class Program:
     def output_refs(self) -> list[Ref]:
         return self.output.flatten()
 
+    def info_of(self, ref: Ref) -> TensorInfo:
+        """Shape and dtype of a kernel argument (an input, a constant or a unit's output)."""
+        return _ref_info(ref, self.input_infos, self.constants, self.calls)
+
 
 _KIND_TRAILING_INDEX = re.compile(r"(\d+)$")
 

@@ -373,9 +373,7 @@ def _conv_table(program: Program) -> dict:
 
 
 def _info_of(program: Program, ref):
-    from .extract import _ref_info
-
-    return _ref_info(ref, program.input_infos, program.constants, program.calls)
+    return program.info_of(ref)
 
 
 _CANDIDATE = re.compile(r"^(fused_)?(conv2d|matmul|dense)")

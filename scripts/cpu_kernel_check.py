@@ -11,7 +11,9 @@ of ~100 kernels off by 55, ``docs/bench_cpu_epyc_avx2_2026-11-29.md``).
 
 Each kernel of ``passes.prepare`` (the fused, scheduled PrimFuncs) is built alone for this machine's CPU and run
 on random inputs of its call site's shapes, next to the unscheduled function that the module keeps; outputs are
-compared with rtol/atol 1e-4 (scaled by the output's magnitude). Exit status 1 when a kernel differs.
+compared with rtol/atol 1e-4 (scaled by the output's magnitude). Exit status 1 when a kernel differs. These are
+the PrimFuncs that the build compiles, each built alone; the built library as a whole is what the zoo tests and
+``bench_cpu.py`` compare against plain TVM.
 """
 from __future__ import annotations
 
@@ -27,27 +29,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tvm  # noqa: E402
-from tvm import relax  # noqa: E402
 
 TOL = 1e-4
-
-
-def call_sites(mod: tvm.IRModule) -> dict[str, tuple[list[tuple[list[int], str]], int]]:
-    """Per PrimFunc called from ``main``: the shapes and dtypes of its arguments (outputs last) and how many of
-    them are outputs."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    sites: dict[str, tuple[list[tuple[list[int], str]], int]] = {}
-
-    def visit(e) -> None:
-        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
-            args = [(list(map(int, a.ty.shape.values)), str(a.ty.dtype)) for a in e.args[1].fields]
-            out = e.ty_args[0]
-            outs = [out] if isinstance(out, relax.TensorType) else list(out.fields)
-            sites.setdefault(e.args[0].name_hint, (args + [(list(map(int, o.shape.values)), str(o.dtype))
-                                                           for o in outs], len(outs)))
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return sites
 
 
 def _run(func, args: list[np.ndarray], target, n_out: int) -> list[np.ndarray]:
@@ -57,37 +40,37 @@ def _run(func, args: list[np.ndarray], target, n_out: int) -> list[np.ndarray]:
     return [t.numpy() for t in tensors[len(tensors) - n_out:]]
 
 
-def check_module(mod: tvm.IRModule, target=None, seed: int = 0, progress=None) -> list[dict]:
+def check_module(mod: tvm.IRModule, target=None, seed: int = 0) -> list[dict]:
     """One row per kernel of ``mod`` prepared for ``target`` (default: this machine's CPU): its name, the plan
     that scheduled it, its largest absolute difference and whether it matches."""
+    from tvm_interop.passes.extract import extract
     from tvm_interop.passes.prepare import CPU_SCHEDULED, prepare
     from tvm_interop.passes.target import normalize_target
 
     target = normalize_target(target or "llvm")
     fused = prepare(mod, target)
     unscheduled = fused.attrs[CPU_SCHEDULED]
-    sites = call_sites(fused)
+    program = extract(fused)
     rng = np.random.default_rng(seed)
-    rows = []
-    for gv, func in fused.functions.items():
-        name = gv.name_hint
-        if not isinstance(func, tvm.tirx.PrimFunc) or name not in sites or name not in unscheduled:
+    rows, seen = [], set()
+    for call in program.calls.values():
+        name = call.func_name
+        if call.is_library or name in seen or name not in unscheduled:
             continue
-        plain = unscheduled[name]
+        seen.add(name)
+        func = fused[name]
         plan = str(func.attrs["tvm_interop.cpu_plan"]) if func.attrs and "tvm_interop.cpu_plan" in func.attrs else None
         if plan is None:
             continue                      # left unscheduled: nothing to compare
-        shapes, n_out = sites[name]
-        args = [rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
-                for shape, dtype in shapes]
-        got = _run(func, args, target, n_out)
-        want = _run(plain, args, target, n_out)
+        infos = [program.info_of(a) for a in call.args] + list(call.outputs)
+        args = [rng.standard_normal(i.shape).astype(i.dtype) if "float" in i.dtype else np.zeros(i.shape, i.dtype)
+                for i in infos]
+        got = _run(func, args, target, len(call.outputs))
+        want = _run(unscheduled[name], args, target, len(call.outputs))
         diff = max(float(np.max(np.abs(g - w))) if g.size else 0.0 for g, w in zip(got, want))
         ok = all(np.allclose(g, w, rtol=TOL, atol=TOL * max(1.0, float(np.max(np.abs(w))) if w.size else 1.0))
                  for g, w in zip(got, want))
         rows.append({"kernel": name, "plan": plan, "max_abs_diff": diff, "match": bool(ok)})
-        if progress is not None:
-            progress(rows[-1])
     return rows
 
 
@@ -100,7 +83,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every kernel's row here")
     args = ap.parse_args()
     import tvm_interop
-    from tvm_interop.passes.target import target_text
+    from tvm_interop.passes.target import normalize_target, target_text
 
     report = {"target": None, "models": {}}
     bad = []
@@ -113,8 +96,6 @@ def main() -> int:
         print(f"{name}: {len(rows)} scheduled kernels, {len(wrong)} differ", flush=True)
         for r in wrong:
             print(f"  DIFFERS {r['kernel']} (plan {r['plan']}): max abs diff {r['max_abs_diff']:.3g}", flush=True)
-    from tvm_interop.passes.target import normalize_target
-
     report["target"] = target_text(normalize_target(args.target))
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
