@@ -58,9 +58,8 @@ class StageTimer:
             pool.append(tvm.runtime.tensor(data, self.device))
         return pool[k]
 
-    def time_stage(self, groups: Sequence[Sequence[KernelCall]]) -> float:
-        """Median seconds of one stage (all groups started together, calls in a group in order)."""
-        t_start = time.perf_counter()
+    def _executor(self, groups: Sequence[Sequence[KernelCall]]) -> ThreadExecutor:
+        """A one-stage program over ``groups`` (random arguments from the pool), on the shipped executor."""
         constants = []
         buffers = []
         calls = []
@@ -85,19 +84,37 @@ class StageTimer:
             stage.append(gi)
         plan = ExecutionPlan(inputs=[], num_constants=len(constants), buffers=buffers, calls=calls, stages=[stage],
                              deps=[[] for _ in calls], output=[])
-        ex = ThreadExecutor(plan, self.lookup_kernel, constants, self.device, workers=self.pool)
-        for _ in range(self.warmup):
-            ex.run_raw()
-        times = []
-        t_begin = time.perf_counter()
-        while len(times) < self.repeat or (time.perf_counter() - t_begin) < self.min_seconds:
-            t0 = time.perf_counter()
-            ex.run_raw()
-            times.append(time.perf_counter() - t0)
-        ex.close()
-        self.measurements += 1
+        return ThreadExecutor(plan, self.lookup_kernel, constants, self.device, workers=self.pool)
+
+    def time_stage(self, groups: Sequence[Sequence[KernelCall]]) -> float:
+        """Median seconds of one stage (all groups started together, calls in a group in order)."""
+        return self.time_stages([groups])[0]
+
+    def time_stages(self, stages: Sequence[Sequence[Sequence[KernelCall]]]) -> list[float]:
+        """Median seconds of each of ``stages``, timed in interleaved repeats (one run of each per round).
+
+        Why interleaved: this host's speed moves by up to 2x between minutes, so two forms of one stage timed
+        minutes apart (the search's timing of the stage, then wave fusion's timing of it fused) compare the
+        host's phases as much as the forms. Timed round robin, every form sees the same phases."""
+        t_start = time.perf_counter()
+        executors = [self._executor(groups) for groups in stages]
+        try:
+            for ex in executors:
+                for _ in range(self.warmup):
+                    ex.run_raw()
+            times: list[list[float]] = [[] for _ in executors]
+            t_begin = time.perf_counter()
+            while len(times[0]) < self.repeat or (time.perf_counter() - t_begin) < self.min_seconds:
+                for ex, ts in zip(executors, times):
+                    t0 = time.perf_counter()
+                    ex.run_raw()
+                    ts.append(time.perf_counter() - t0)
+        finally:
+            for ex in executors:
+                ex.close()
+        self.measurements += len(stages)
         self.seconds_spent += time.perf_counter() - t_start
-        return float(np.median(times))
+        return [float(np.median(ts)) for ts in times]
 
     def close(self) -> None:
         self.pool.close()

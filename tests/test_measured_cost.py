@@ -175,3 +175,69 @@ def test_wave_stage_is_built_from_the_repacked_program(repacked_program, tmp_pat
     assert src is not repacked_program
     assert all(src.mod[u.func_name].attrs["tvm_interop.prepacked"] for u in convs)
     cost.close()
+
+
+def test_wave_comparison_times_the_three_forms_together_and_caches_them(repacked_program, tmp_path):
+    """Wave fusion's choice on a timed cost model: the fused stage, the stage as scheduled and its groups in order,
+    timed in one interleaved measurement (their host phase the same), cached as one."""
+    cost = MeasuredCostModel(repacked_program, cache=tmp_path / "cc.json", repeat=3)
+    convs = [u for u in repacked_program.graph.units if u.func_name in cost.shipped()][:2]
+    v = cost.wave_comparison([[convs[0]], [convs[1]]], "concurrent")
+    assert set(v) == {"wave", "concurrent", "in_order"} and all(x > 0 for x in v.values())
+    assert cost.measurements == 3
+    cost.close()
+    again = MeasuredCostModel(repacked_program, cache=tmp_path / "cc.json", repeat=3)
+    assert again.wave_comparison([[convs[0]], [convs[1]]], "concurrent") == v
+    assert again.measurements == 0 and again.cache_hits == 1
+    # the unpaired price of the fused stage is another entry: timed on its own
+    assert again.stage_latency([[convs[0]], [convs[1]]], strategy="wave") > 0 and again.measurements == 1
+    again.close()
+
+
+def test_time_stages_interleaves_the_forms(program):
+    """Each form runs once per round (so a slow phase of the host hits every form alike) and gets its own median:
+    a chain of four convolutions takes longer than one."""
+    from tvm_interop.runtime.model import kernel_library, lookup_kernel
+    from tvm_interop.runtime.stage_timer import StageTimer
+
+    cost = MeasuredCostModel(program, use_cache=False, repeat=3)
+    units = program.graph.units
+    conv = next(u for u in units if u.kind == "conv2d")
+    other = next(u for u in units if u.func_name != conv.func_name)
+    lib = kernel_library(cost._build_shipped_kernels())
+    order = []
+
+    def lookup(name):
+        f = lookup_kernel(lib, name)
+
+        def traced(*args):
+            order.append(name)
+            return f(*args)
+        return traced
+
+    timer = StageTimer(lookup, warmup=0, repeat=4)
+    c, o = cost._call(conv), cost._call(other)
+    one, four, alone = timer.time_stages([[[c]], [[c, c, c, c]], [[o]]])
+    timer.close()
+    assert order == ([conv.func_name] * 5 + [other.func_name]) * 4
+    assert 0 < one < four and alone > 0 and timer.measurements == 3
+    cost.close()
+
+
+def test_wave_choice_on_measured_costs_beats_both_unfused_forms(program, tmp_path):
+    """With a timed cost model, a stage is fused only when the fused kernel beat the stage as scheduled *and* its
+    groups in order, all three timed together; the decision records the three."""
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.wave import choose_wave_stages, fusable_stages
+
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    assert fusable_stages(sched)
+    cost = MeasuredCostModel(program, cache=tmp_path / "cc.json", repeat=3)
+    choose_wave_stages(program.graph, sched, cost)
+    cost.close()
+    wf = sched.options["wave_fusion"]
+    assert len(wf["decisions"]) == len(fusable_stages(sched))
+    for d in wf["decisions"]:
+        assert d["paired"] and d["in_order_s"] > 0 and d["scheduled_s"] > 0 and d["fused_s"] > 0
+        wins = d["fused_s"] < min(d["scheduled_s"], d["in_order_s"])
+        assert (d["stage"] in wf["stages"]) == wins, d
