@@ -241,3 +241,16 @@ def test_wave_choice_on_measured_costs_beats_both_unfused_forms(program, tmp_pat
         assert d["paired"] and d["in_order_s"] > 0 and d["scheduled_s"] > 0 and d["fused_s"] > 0
         wins = d["fused_s"] < min(d["scheduled_s"], d["in_order_s"])
         assert (d["stage"] in wf["stages"]) == wins, d
+
+
+def test_learned_cost_takes_the_wave_choice_from_its_measurements(repacked_program, tmp_path):
+    """ios:learned + wave: the fusion choice is the measuring model's paired timing, not a prediction."""
+    from tvm_interop.passes.cost.learned import LearnedCostModel
+
+    measured = MeasuredCostModel(repacked_program, cache=tmp_path / "cc.json", repeat=3)
+    learned = LearnedCostModel(measured, repacked_program.graph)
+    convs = [u for u in repacked_program.graph.units if u.func_name in measured.shipped()][:2]
+    v = learned.wave_comparison([[convs[0]], [convs[1]]], "concurrent")
+    assert set(v) == {"wave", "concurrent", "in_order"} and measured.measurements == 3
+    assert learned.predictions == 0
+    learned.close()

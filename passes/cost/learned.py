@@ -139,6 +139,15 @@ class LearnedCostModel(CostModel):
         self._samples[key] = (feats, v / total)
         return v
 
+    def wave_comparison(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> dict[str, float]:
+        """Wave fusion's choice (``passes.wave.choose``) is a measurement, like every fused stage here: the
+        measuring model's paired timing of the fused, scheduled and in-order forms where it has one, else the
+        two prices."""
+        paired = getattr(self.measured, "wave_comparison", None)
+        if callable(paired):
+            return paired(groups, strategy)
+        return {"wave": self.stage_latency(groups, "wave"), strategy: self.stage_latency(groups, strategy)}
+
     # ------------------------------------------------------------------ CostModel
     def stage_latency(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> float:
         groups = [g for g in groups if len(g)]
