@@ -102,6 +102,18 @@ def sim_vs_measured(cm) -> dict | None:
             "sim_total_ms": sum(p for p, _ in pairs) * 1e3, "measured_total_ms": sum(m for _, m in pairs) * 1e3}
 
 
+def wave_choice(schedule) -> dict | None:
+    """How wave fusion chose its stages: how many were priced, chosen, and whether the prices were timed together
+    (``passes.wave.choose``), with each decision's reason."""
+    wf = schedule.options.get("wave_fusion")
+    if not wf:
+        return None
+    decisions = wf.get("decisions", [])
+    return {"cost": wf.get("cost"), "fusable": len(decisions), "chosen": len(wf.get("stages", [])),
+            "paired": sum(1 for d in decisions if d.get("paired")),
+            "reasons": {str(d["stage"]): d.get("reason", "") for d in decisions}}
+
+
 TUNED = " +tuned"  # row-name suffix of the schedules built with tuned kernels
 
 
@@ -143,7 +155,8 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                               else cm.schedule.predicted_latency * 1e3,
                               "sim_vs_measured": sim_vs_measured(cm), "search": search,
                               "wave_fused_stages": sum(1 for r in cm.schedule.options.get("waves", []) if r["fused"])
-                              if "fusion" in kw else None}
+                              if "fusion" in kw else None,
+                              "wave_choice": wave_choice(cm.schedule) if "fusion" in kw else None}
             print(f"  {name}/{row_name}: {cm.schedule.num_stages} stages, optimisation {opt:.1f} s, "
                   f"{search.get('measurements', 0)} measurements", flush=True)
     first = next(iter(models.values()))

@@ -20,3 +20,21 @@ def test_a_mismatching_row_is_flagged_and_named():
     md = bench.markdown(results, {"cpu": "x", "cores": 2, "ram_gib": 1, "tvm": "0", "python": "3"}, "cmd")
     assert md.count("**MISMATCH**") == 2
     assert bench.mismatches(results[1:]) == []
+
+
+def test_the_wave_choice_is_reported_per_row(branchy_model):
+    """Each ``+wave`` row says how many stages were priced and chosen, and whether the prices were timed together."""
+    import tvm_interop
+    from tvm_interop.passes.schedulers import schedule_graph
+    from tvm_interop.passes.wave import choose_wave_stages, fusable_stages
+    from tvm_interop.passes.cost import get_cost_model
+
+    bench = load_script("bench_cpu")
+    program = tvm_interop.api.prepare_program(branchy_model, name="branchy")
+    sched = schedule_graph(program.graph, "greedy", "sim:cpu")
+    assert bench.wave_choice(sched) is None      # no wave fusion asked for
+    choose_wave_stages(program.graph, sched, get_cost_model("sim:cpu"))
+    choice = bench.wave_choice(sched)
+    assert choice["fusable"] == len(fusable_stages(sched)) > 0 and choice["paired"] == 0
+    assert choice["chosen"] == len(sched.options["wave_fusion"]["stages"])
+    assert set(choice["reasons"]) == {str(i) for i in fusable_stages(sched)}
