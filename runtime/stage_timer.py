@@ -90,8 +90,9 @@ class StageTimer:
         """Median seconds of one stage (all groups started together, calls in a group in order)."""
         return self.time_stages([groups])[0]
 
-    def time_stages(self, stages: Sequence[Sequence[Sequence[KernelCall]]]) -> list[float]:
-        """Median seconds of each of ``stages``, timed in interleaved repeats (one run of each per round).
+    def time_stages(self, stages: Sequence[Sequence[Sequence[KernelCall]]], repeat: int | None = None) -> list[float]:
+        """Median seconds of each of ``stages``, timed in interleaved repeats (one run of each per round;
+        ``repeat`` rounds at least, default the timer's).
 
         Why interleaved: this host's speed moves by up to 2x between minutes, so two forms of one stage timed
         minutes apart (the search's timing of the stage, then wave fusion's timing of it fused) compare the
@@ -104,7 +105,8 @@ class StageTimer:
                     ex.run_raw()
             times: list[list[float]] = [[] for _ in executors]
             t_begin = time.perf_counter()
-            while len(times[0]) < self.repeat or (time.perf_counter() - t_begin) < self.min_seconds:
+            rounds = self.repeat if repeat is None else repeat
+            while len(times[0]) < rounds or (time.perf_counter() - t_begin) < self.min_seconds:
                 for ex, ts in zip(executors, times):
                     t0 = time.perf_counter()
                     ex.run_raw()

@@ -218,9 +218,12 @@ def test_time_stages_interleaves_the_forms(program):
     timer = StageTimer(lookup, warmup=0, repeat=4)
     c, o = cost._call(conv), cost._call(other)
     one, four, alone = timer.time_stages([[[c]], [[c, c, c, c]], [[o]]])
-    timer.close()
     assert order == ([conv.func_name] * 5 + [other.func_name]) * 4
     assert 0 < one < four and alone > 0 and timer.measurements == 3
+    order.clear()
+    timer.time_stages([[[c]], [[o]]], repeat=6)      # more rounds than the timer's default
+    timer.close()
+    assert order == [conv.func_name, other.func_name] * 6
     cost.close()
 
 

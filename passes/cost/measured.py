@@ -274,6 +274,10 @@ class MeasuredCostModel(CostModel):
                      for u, i in kern.signature.outputs)
         return KernelCall(name, args, outs)
 
+    # rounds of a paired wave timing at least: the forms it compares are often within a few percent of each other
+    # (Inception-v3, 7 rounds: two of 15 stages within 2 %), and a round of a stage costs well under a millisecond
+    PAIRED_ROUNDS = 21
+
     def wave_comparison(self, groups: Sequence[Sequence[Unit]], strategy: str = "concurrent") -> dict[str, float]:
         """The stage fused (``"wave"``), as scheduled (``strategy``) and with its groups one after another, every
         kernel on all cores (``"in_order"``: how the program runs it when the groups in order win), timed in
@@ -298,7 +302,8 @@ class MeasuredCostModel(CostModel):
         if not hasattr(timer, "time_stages"):  # a remote timer times one stage per call: two separate prices
             return {"wave": self._wave_latency(groups), strategy: self.stage_latency(groups, strategy)}
         plain = [[self._call(u) for u in g] for g in groups]
-        values = timer.time_stages([[[self._wave_call(groups)]], plain, [[c for g in plain for c in g]]])
+        values = timer.time_stages([[[self._wave_call(groups)]], plain, [[c for g in plain for c in g]]],
+                                   repeat=max(self.repeat, self.PAIRED_ROUNDS))
         if self.cache is not None:
             for k, v in zip(keys, values):
                 self.cache.put(k, v)
