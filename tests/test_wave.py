@@ -280,6 +280,112 @@ def test_balanced_chains_run_whole_on_one_thread_each_and_unbalanced_ones_in_wav
         assert "chains" in modes
 
 
+def _synthetic_member(works: list[int], parallel_iterations: int | None = None):
+    """A lowered kernel chain for the form arithmetic: one nest per work, each a loop that does nothing. With
+    ``parallel_iterations``, a one-kernel member of one parallel loop (the kind that can be cut)."""
+    from tvm import tirx
+    from tvm.tirx import stmt as S
+    from tvm_interop.passes.wave.lowered import LoweredKernel, Nest
+
+    kernels = []
+    for k, w in enumerate(works):
+        n = parallel_iterations or 1
+        v = tirx.Var(f"i{k}", "int64")
+        loop = S.For(v, tirx.IntImm("int64", 0), tirx.IntImm("int64", n),
+                     tirx.ForKind.PARALLEL if parallel_iterations else tirx.ForKind.SERIAL, S.Evaluate(0))
+        kind = "parallel" if parallel_iterations else "serial"
+        kernels.append(LoweredKernel(f"k{k}", None, [], [Nest(loop, kind, w, n)]))
+    return kernels
+
+
+def test_cpu_forms_and_the_default_form_follow_the_balance_of_the_chains():
+    """Whole chains where they balance over the units; where they do not but a one-kernel member can fill the
+    short unit, that member is cut (Inception-v3's stage of a 432 us convolution beside 189 us of chains);
+    else waves. ``cpu_forms`` lists the forms that differ (what ``scripts/wave_forms_cpu.py`` compares); a
+    forced form is built as asked where the stage can take it."""
+    from tvm_interop.passes.wave.cpu import cpu_forms, fuse_cpu
+
+    def build(members, veus=2, form=None):
+        func, regions, mode = fuse_cpu(members, [], [], veus, {}, form)
+        return regions, mode, func.script().count("T.parallel")
+
+    balanced = [_synthetic_member([60, 70, 70]), _synthetic_member([100, 90])]
+    assert build(balanced) == (1, "chains", 1)
+    assert cpu_forms(balanced, 2) == ["chains", "waves"] and cpu_forms(balanced, 1) == ["waves"]
+    stage7 = [_synthetic_member([34, 113, 36]), _synthetic_member([432], 20), _synthetic_member([5], 5)]
+    assert build(stage7) == (1, "chains+split", 1)
+    assert cpu_forms(stage7, 2) == ["chains", "chains+split", "waves"]
+    assert build(stage7, form="chains")[1] == "chains" and build(stage7, form="waves") == (3, "waves", 1)   # one region: the later waves hold one serial nest
+    hopeless = [_synthetic_member([400, 400, 200]), _synthetic_member([10], 4)]
+    assert build(hopeless)[1] == "waves"
+    assert build(balanced, form="chains+split")[1] == "chains"   # nothing to cut: whole chains
+    assert build(balanced, veus=1, form="chains")[1] == "waves"  # one thread: no chains to spread
+    with pytest.raises(ValueError, match="unknown CPU wave form"):
+        build(balanced, form="rows")
+
+
+def test_the_cut_member_s_iterations_go_to_the_unit_the_chains_leave_short():
+    """The plan: unit 0 runs the 183-work chain and the start of the 432-work kernel, unit 1 the rest of it and
+    the small kernel, each unit ending near half of the stage's 620. The built region runs every iteration of
+    every member exactly once (each iteration adds one to its own element)."""
+    from tvm import tirx
+    from tvm.tirx import stmt as S
+    from tvm_interop.passes.wave.cpu import chain_region
+    from tvm_interop.passes.wave.lowered import Nest
+    from tvm_interop.passes.wave.partition import plan_wave, share_range, unit_loads
+
+    plan = plan_wave([(20, 432 // 20), (5, 1)], [183], 2)
+    loads = unit_loads(plan, [183])
+    assert abs(loads[0] - loads[1]) <= 432 // 20
+    big = [share_range(plan.shares[0], plan.bounds[u], plan.bounds[u + 1]) for u in range(2)]
+    assert big[0][0] == 0 and big[0][1] == big[1][0] and big[1][1] == 20 and 0 < big[0][1] < 20
+
+    bufs = [tirx.decl_buffer((n,), "int32", name=f"b{k}") for k, n in enumerate((3, 20, 5))]
+
+    def nest(buf, n, work, parallel, at=None):
+        i = tirx.Var("i", "int64")
+        idx = [i] if at is None else [tirx.IntImm("int64", at)]
+        body = S.BufferStore(buf, tirx.BufferLoad(buf, idx) + tirx.IntImm("int32", 1), idx)
+        kind = tirx.ForKind.PARALLEL if parallel else tirx.ForKind.SERIAL
+        return Nest(S.For(i, tirx.IntImm("int64", 0), tirx.IntImm("int64", n), kind, body),
+                    "parallel" if parallel else "serial", work, n)
+
+    chains = [[nest(bufs[0], 1, w, False, at=k) for k, w in enumerate((34, 113, 36))],
+              [nest(bufs[1], 20, 432, True)], [nest(bufs[2], 5, 5, True)]]
+    region = chain_region(chains, 2, "t", 0.3)
+    assert region is not None
+    func = tirx.PrimFunc(bufs, region).with_attr("global_symbol", "main")
+    lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=tvm.target.Target({"kind": "llvm"}))
+    arrays = [tvm.runtime.tensor(np.zeros(b.shape[0].value, "int32")) for b in bufs]
+    lib["main"](*arrays)
+    for a in arrays:
+        np.testing.assert_array_equal(a.numpy(), 1)
+
+
+def test_every_cpu_form_of_a_fused_stage_equals_plain_tvm():
+    """The forms ``cpu_forms`` offers for Inception-v3's lios stages, forced (``apply_wave_fusion(forms=...)``)
+    so that every form is built at least once, cut chains included: the records name the forms built and the
+    program computes what plain TVM computes. (Width 0.25 at 149 px: the smallest config found whose kernels
+    have parallel loops, so a one-kernel member can be cut.)"""
+    from tvm_interop.passes.wave.apply import fusion_program
+    from tvm_interop.passes.wave.kernel import wave_forms
+
+    mod, x, ref = zoo_case("inception_v3", width=0.25, image_size=149)
+    program = prepare_program(mod, HOST, name="inception_v3")
+    sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
+    fused_source = fusion_program(program, HOST)   # what apply_wave_fusion fuses: the weights repacked at build
+    offered = {si: wave_forms(fused_source, [list(g) for g in sched.stages[si].groups], HOST, veus=2)
+               for si in fusable_stages(sched)}
+    forms, k = {}, 0
+    for si, f in offered.items():   # cut chains wherever offered, the other stages taking turns
+        forms[si] = "chains+split" if "chains+split" in f else f[k % len(f)]
+        k += "chains+split" not in f
+    assert set(forms.values()) == {"chains", "chains+split", "waves"}, offered
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST, veus=2, forms=forms)
+    assert {r.stage: r.mode for r in records if r.fused} == forms
+    np.testing.assert_allclose(_run(fused_prog, fused_sched, x), ref, **TOL)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_models_with_wave_fusion_equal_plain_tvm(seed):
     mod, desc = random_model(seed)

@@ -254,16 +254,19 @@ class MeasuredCostModel(CostModel):
         sig_groups = tuple(tuple(self._signature(u) for u in g) for g in groups)
         return f"wave{WAVE_CODEGEN}|" + "|".join(",".join(g) for g in sig_groups) + f"|b{self.batch}"
 
-    def _wave_call(self, groups: Sequence[Sequence[Unit]]) -> KernelCall:
-        """The stage's groups built into one wave kernel (once per key), as a call the stage timer can run."""
+    def _wave_call(self, groups: Sequence[Sequence[Unit]], form: str | None = None) -> KernelCall:
+        """The stage's groups built into one wave kernel (once per key; ``form``: a CPU form to force, see
+        ``passes.wave.cpu.cpu_forms``, None the default), as a call the stage timer can run."""
         import hashlib
 
         from ..wave.kernel import build_wave_kernel
 
-        name = "wave_" + hashlib.sha1(self._wave_key(groups).encode()).hexdigest()[:16]
+        key = self._wave_key(groups) + ("" if form is None else f"|{form}")
+        name = "wave_" + hashlib.sha1(key.encode()).hexdigest()[:16]
         kern = self._wave_kernels.get(name)
         if kern is None:
-            kern = build_wave_kernel(self._wave_source(), [[u.name for u in g] for g in groups], self.target)
+            kern = build_wave_kernel(self._wave_source(), [[u.name for u in g] for g in groups], self.target,
+                                     form=form)
             compiled = tvm.compile(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}), self.target)
             self._add_kernels(compiled, [name])
             self.merged_builds += 1

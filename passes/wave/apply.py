@@ -39,7 +39,7 @@ class WaveRecord:
     reasons: list[str] = field(default_factory=list)
     unit: str = ""                                         # the fused unit's name in the new program
     num_waves: int = 0
-    mode: str = ""                                         # CPU: "chains" or "waves" (passes.wave.cpu)
+    mode: str = ""                                         # CPU: "chains", "chains+split" or "waves" (cpu.py)
 
     def to_json(self) -> dict:
         return {"stage": self.stage, "fused": self.fused, "left": self.left, "reasons": self.reasons,
@@ -51,9 +51,10 @@ def fusable_stages(schedule: Schedule) -> list[int]:
     return [i for i, s in enumerate(schedule.stages) if s.strategy == CONCURRENT and len(s.groups) >= 2]
 
 
-def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None = None
+def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None = None, form: str | None = None
                     ) -> tuple[WaveKernel | None, WaveRecord]:
-    """The kernel for the groups of one stage that can share it, and the record of what was decided."""
+    """The kernel for the groups of one stage that can share it (in ``form``, see ``build_wave_kernel``), and the
+    record of what was decided."""
     from .kernel import lower_unit
 
     rec = WaveRecord(stage=-1)
@@ -76,7 +77,7 @@ def plan_wave_stage(program, groups: list[list[str]], target, veus: int | None =
     kernel = None
     while len(ok) >= 2 and kernel is None:
         try:
-            kernel = build_wave_kernel(program, ok, target, veus, lowered)
+            kernel = build_wave_kernel(program, ok, target, veus, lowered, form)
         except NotFusable as why:
             rec.reasons.append(str(why))
             blamed = [g for g in ok if why.unit is not None and why.unit in g]
@@ -271,8 +272,11 @@ def _repacked(program, target):
 
 
 def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | None = None,
-                      veus: int | None = None, name_prefix: str = "", repack_weights: bool = True):
-    """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``).
+                      veus: int | None = None, name_prefix: str = "", repack_weights: bool = True,
+                      forms: dict[int, str] | None = None):
+    """Fuse ``stages`` (default: every stage with two or more groups) of ``schedule`` (made for ``program``);
+    ``forms``: a form to force on a stage's fused kernel (by stage index; ``passes.wave.cpu.CPU_FORMS``, for
+    comparisons such as ``scripts/wave_forms_cpu.py``), else the default (``passes.wave.cpu.fuse_cpu``).
 
     Returns ``(new_program, new_schedule, records)``. CPU targets first get their weights repacked at build
     time (``passes.kernels.prepack``), so the fused kernels read repacked weights like the unfused ones. The
@@ -301,7 +305,7 @@ def apply_wave_fusion(program, schedule: Schedule, target, stages: list[int] | N
             records.append(WaveRecord(si, left=st.groups, reasons=["not a concurrent stage of two or more groups"]))
             continue
         groups, off_device = _same_device(st.groups, schedule.unit_devices)
-        kernel, rec = plan_wave_stage(program, groups, target, veus)
+        kernel, rec = plan_wave_stage(program, groups, target, veus, (forms or {}).get(si))
         for g, why in off_device:
             rec.left.append(g)
             rec.reasons.append(why)

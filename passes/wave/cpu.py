@@ -51,12 +51,7 @@ def wave_region(nests: list[Nest], veus: int, name: str):
         if nest.kind != "parallel":
             body.append(S.IfThenElse(tirx.EQ(t, _i64(owner[id(nest)])), nest.stmt, None))
             continue
-        loop, sh = nest.stmt, share[id(nest)]
-        dtype = str(loop.loop_var.ty.dtype)
-        ranges = [share_range(sh, plan.bounds[u], plan.bounds[u + 1]) for u in range(veus)]
-        lo_v, hi_v = [lo for lo, _ in ranges], [hi for _, hi in ranges]
-        lo, hi = _table(t, lo_v, dtype), _table(t, hi_v, dtype)
-        body.append(S.For(loop.loop_var, lo, hi - lo, tirx.ForKind.SERIAL, loop.body, annotations=loop.annotations))
+        body.append(_split_loop(nest, t, share[id(nest)], plan))
     return S.For(t, _i64(0), _i64(veus), tirx.ForKind.PARALLEL, S.SeqStmt(body) if len(body) > 1 else body[0])
 
 
@@ -72,41 +67,123 @@ def _serial(nest: Nest):
     return S.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, annotations=loop.annotations)
 
 
-def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float):
-    """One parallel loop over ``veus`` units where each member's whole chain runs on one unit (LPT by the chains'
-    work), its kernels single-threaded one after another: no barrier inside the stage, and every kernel reads
-    what the kernel before it wrote on the same core. None when that would leave the busiest unit more than
-    ``slack`` over an even share (then :func:`fuse_cpu` builds waves).
+def _split_loop(nest: Nest, t, share, plan):
+    """``nest``'s parallel loop as a serial loop over unit ``t``'s range of its iterations under ``plan``."""
+    loop = nest.stmt
+    dtype = str(loop.loop_var.ty.dtype)
+    veus = len(plan.bounds) - 1
+    ranges = [share_range(share, plan.bounds[u], plan.bounds[u + 1]) for u in range(veus)]
+    lo, hi = _table(t, [a for a, _ in ranges], dtype), _table(t, [b for _, b in ranges], dtype)
+    return S.For(loop.loop_var, lo, hi - lo, tirx.ForKind.SERIAL, loop.body, annotations=loop.annotations)
+
+
+def _one_kernel(chain: list[Nest]) -> bool:
+    """A member of one parallel loop: no order with any other member, so its iterations may go to any unit."""
+    return len(chain) == 1 and chain[0].kind == "parallel"
+
+
+def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, split: bool = True):
+    """One parallel loop over ``veus`` units where each member's whole chain runs on one unit, its kernels
+    single-threaded one after another: no barrier inside the stage, and every kernel reads what the kernel
+    before it wrote on the same core. ``split``: a member that is one parallel kernel is cut instead, its
+    iterations filling up the units that the whole chains (placed longest first) leave short
+    (:func:`partition.plan_wave`'s water filling; members laid end to end, so at most ``veus - 1`` of them are
+    actually cut). None when the busiest unit would be more than ``slack`` over an even share (then
+    :func:`fuse_cpu` builds waves).
 
     Why: on a CPU, a kernel reading a tensor that another core has just written pays for the transfer (2-core
     Xeon: a 1x1 convolution 45 us alone, 102-125 us after its input was written by the other core), and a wave
     splits every member's parallel loop over all cores, so each member's next kernel reads half of its input
     from the other core, after a barrier. Measured (2 cores, one process, interleaved): RandWire (width 0.5)
     with lios + wave fusion 1.02-1.04x of sequential as waves, 1.15-1.18x as chains (slack 0.3, 0.6, 2);
-    Inception-v3 0.96x -> 1.02-1.05x; greedy schedules (chains of one kernel) within noise."""
-    works = [sum(n.work for n in c) for c in chains]
-    plan = plan_wave([], works, veus)
-    if max(unit_loads(plan, works)) > (1.0 + slack) * sum(works) / veus:
+    Inception-v3 0.96x -> 1.02-1.05x; greedy schedules (chains of one kernel) within noise. Why cut the
+    one-kernel members: an Inception-v3 stage of a 432 us convolution (one thread) beside chains of 189 us left
+    one core idle for half the stage as whole chains (339-411 us); cut, 275-331 us. Cutting is not always
+    better (a RandWire stage: 921 us cut, 719 us whole, 583 us as waves): on a CPU some kernels run slower over
+    two cores than on one (``docs/bench_cpu_wave_forms_2026-11-29.md``), so the default cuts only where whole
+    chains do not balance."""
+    fluid = [m for m, c in enumerate(chains) if split and _one_kernel(c)]
+    whole = [m for m in range(len(chains)) if m not in fluid]
+    works = [sum(n.work for n in chains[m]) for m in whole]
+    plan = plan_wave([(chains[m][0].iterations, max(1, chains[m][0].work // chains[m][0].iterations))
+                      for m in fluid], works, veus)
+    if max(unit_loads(plan, works)) > (1.0 + slack) * (sum(works) + sum(s.n * s.w for s in plan.shares)) / veus:
         return None
     t = tirx.Var(f"{name}_veu", "int64")
-    body = [S.IfThenElse(tirx.EQ(t, _i64(plan.owners[m])), S.SeqStmt([_serial(n) for n in c]) if len(c) > 1
-                         else _serial(c[0]), None) for m, c in enumerate(chains)]
+    owner = dict(zip(whole, plan.owners))
+    share = dict(zip(fluid, plan.shares))
+    body = []
+    for m, c in enumerate(chains):
+        if m in share:
+            body.append(_split_loop(c[0], t, share[m], plan))
+        else:
+            run = S.SeqStmt([_serial(n) for n in c]) if len(c) > 1 else _serial(c[0])
+            body.append(S.IfThenElse(tirx.EQ(t, _i64(owner[m])), run, None))
     return S.For(t, _i64(0), _i64(veus), tirx.ForKind.PARALLEL, S.SeqStmt(body) if len(body) > 1 else body[0])
 
 
+# the forms of a fused CPU stage (``fuse_cpu``'s ``form``): whole chains, one unit each; whole chains with the
+# one-kernel members cut over the units; one parallel region per wave
+CHAINS, SPLIT_CHAINS, WAVES = "chains", "chains+split", "waves"
+CPU_FORMS = (CHAINS, SPLIT_CHAINS, WAVES)
+# how far over an even share a form of whole chains may leave the busiest unit and still be worth comparing
+FORM_SLACK = 1.0
+
+
+def _seq(stmts: list):
+    return stmts[0] if len(stmts) == 1 else S.SeqStmt(stmts)
+
+
+def _nest_chains(members: list[list[LoweredKernel]]) -> list[list[Nest]]:
+    return [[n for k in chain for n in k.nests] for chain in members]
+
+
+def cpu_forms(members: list[list[LoweredKernel]], veus: int) -> list[str]:
+    """The forms of this stage that differ from each other and could win (what ``scripts/wave_forms_cpu.py``
+    times against each other): waves always; whole chains when there are several units and chains to spread
+    over them (within :data:`FORM_SLACK`); chains with the one-kernel members cut when there are both such
+    members and longer chains (all one-kernel members cut is one wave)."""
+    chains = _nest_chains(members)
+    forms = []
+    if veus > 1 and len(chains) > 1:
+        if chain_region(chains, veus, "form", FORM_SLACK, split=False) is not None:
+            forms.append(CHAINS)
+        cut = [c for c in chains if _one_kernel(c)]
+        if cut and len(cut) < len(chains) and chain_region(chains, veus, "form", FORM_SLACK, split=True) is not None:
+            forms.append(SPLIT_CHAINS)
+    return forms + [WAVES]
+
+
 def fuse_cpu(members: list[list[LoweredKernel]], prologue: list, params: list, veus: int,
-             attrs: dict) -> tuple[tirx.PrimFunc, int, str]:
+             attrs: dict, form: str | None = None) -> tuple[tirx.PrimFunc, int, str]:
     """The fused PrimFunc: ``params`` (the fused kernel's buffers), ``prologue`` (statements binding every
-    member parameter to one of them), each member's declarations, then one region of whole chains
-    (:func:`chain_region`) when the chains balance over the units, else the waves. ``members``: per member, its
-    chain of lowered kernels (run one after another). Returns the function, its number of regions (waves; 1 for
-    chains) and its mode (``"chains"`` or ``"waves"``)."""
-    chains = [[n for k in chain for n in k.nests] for chain in members]
+    member parameter to one of them), each member's declarations, then the stage in ``form`` (one of
+    :data:`CPU_FORMS`: forced, see :func:`cpu_forms`), or by default one region of whole chains
+    (:func:`chain_region`) when they balance over the units, else one with the one-kernel members cut when that
+    balances them, else the waves. ``members``: per member, its chain of lowered kernels (run one after
+    another). Returns the function, its number of regions (waves; 1 for chains) and its form. A ``form`` of
+    chains that this stage cannot take (fewer chains than two, one thread) falls back to the default.
+
+    Why the default is a rule and not a timing of every form: timed alone, the fastest form of each stage
+    summed 2-7 % below the default's stages, but programs built from those choices ran within noise of the
+    default (RandWire 1.25/1.07/1.14x vs 1.28/1.07/1.12x, Inception-v3 1.056x vs 1.062x over sequential, same
+    processes) at twice the compile time (``docs/bench_cpu_wave_forms_2026-11-29.md``)."""
+    if form is not None and form not in CPU_FORMS:
+        raise ValueError(f"unknown CPU wave form {form!r}; expected one of {', '.join(CPU_FORMS)}")
+    chains = _nest_chains(members)
     decls = [d for chain in members for k in chain for d in k.decls]
-    region = chain_region(chains, veus, "chains", CHAIN_SLACK) if len(chains) >= veus > 1 else None
+    region, mode = None, CHAINS
+    if form in (CHAINS, SPLIT_CHAINS) and veus > 1 and len(chains) > 1:
+        split = form == SPLIT_CHAINS and any(_one_kernel(c) for c in chains)
+        region, mode = chain_region(chains, veus, "chains", float("inf"), split=split), (SPLIT_CHAINS if split
+                                                                                         else CHAINS)
+    elif form is None and veus > 1:   # whole chains where they balance, else cut where that balances them
+        region = chain_region(chains, veus, "chains", CHAIN_SLACK, split=False)
+        if region is None and any(_one_kernel(c) for c in chains):
+            region, mode = chain_region(chains, veus, "chains", CHAIN_SLACK, split=True), SPLIT_CHAINS
     if region is not None:
-        body = S.SeqStmt(list(prologue) + decls + [region])
-        return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), 1, "chains"
+        body = _seq(list(prologue) + decls + [region])
+        return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), 1, mode
     waves = []
     for w in range(max(len(c) for c in chains)):
         nests = [c[w] for c in chains if w < len(c)]
@@ -114,5 +191,5 @@ def fuse_cpu(members: list[list[LoweredKernel]], prologue: list, params: list, v
             waves.append(nests[0].stmt)        # nothing to share: no region
         else:
             waves.append(wave_region(nests, veus, f"wave{w}"))
-    body = S.SeqStmt(list(prologue) + decls + waves)
-    return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), len(waves), "waves"
+    body = _seq(list(prologue) + decls + waves)
+    return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), len(waves), WAVES

@@ -52,7 +52,8 @@ def wave_signature(program, groups: list[list[str]]) -> WaveSignature:
 
 # the fused kernel's code generation, part of every cache key of a timed wave stage (``passes.cost.measured``):
 # bump it when the same members come to be fused into different code, so no timing of the old code is reused
-WAVE_CODEGEN = 2   # 2: CPU stages of balanced chains run one whole chain per thread (passes.wave.cpu)
+WAVE_CODEGEN = 3   # 2: CPU stages of balanced chains run one whole chain per thread (passes.wave.cpu);
+                   # 3: where whole chains do not balance, one-kernel members are cut over the threads
 
 
 @dataclass
@@ -62,7 +63,8 @@ class WaveKernel:
     func: tirx.PrimFunc
     signature: WaveSignature
     num_waves: int
-    mode: str = "waves"   # CPU: "chains" (each member's chain on one thread, no barrier) or "waves"
+    mode: str = "waves"   # CPU: "chains" (each member's chain on one thread, no barrier), "chains+split" (the
+                          # one-kernel members cut over the threads) or "waves" (passes.wave.cpu)
 
 
 def lower_unit(program, unit: str, target: tvm.target.Target) -> LoweredKernel:
@@ -135,13 +137,37 @@ def fused_params(program, sig: WaveSignature, kernels: dict, extra_inputs: list 
     return params, prologue
 
 
+def wave_forms(program, groups: list[list[str]], target: tvm.target.Target, veus: int | None = None,
+               lowered: dict | None = None) -> list[str | None]:
+    """The forms ``groups`` can be fused into (``build_wave_kernel``'s ``form``): on a CPU those of
+    :func:`cpu.cpu_forms`; a GPU stage has one form (None)."""
+    if target.kind.name == "cuda":
+        return [None]
+    from tvm_interop.runtime.cpu_threads import kernel_threads
+
+    from .cpu import cpu_forms
+
+    kernels = _lowered(program, wave_signature(program, groups), target, lowered)
+    return list(cpu_forms([[kernels[u] for u in g] for g in groups], veus or kernel_threads()))
+
+
+def _lowered(program, sig: WaveSignature, target, lowered: dict | None) -> dict:
+    """The members' lowered kernels, from ``lowered`` where it has them (units lowered here are added to it)."""
+    cache = {} if lowered is None else lowered
+    for u in sig.units:
+        if u not in cache:
+            cache[u] = lower_unit(program, u, target)
+    return {u: cache[u] for u in sig.units}
+
+
 def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Target,
-                      veus: int | None = None, lowered: dict | None = None) -> WaveKernel:
+                      veus: int | None = None, lowered: dict | None = None, form: str | None = None) -> WaveKernel:
     """Fuse ``groups`` (one stage's, each a chain of units) into one kernel; :class:`NotFusable` if a member
-    cannot share it. ``lowered``: units already lowered by :func:`lower_unit` (the others are lowered here)."""
+    cannot share it. ``lowered``: units already lowered by :func:`lower_unit` (the others are lowered here).
+    ``form``: on a CPU, one of :data:`cpu.CPU_FORMS` (None: :func:`cpu.fuse_cpu`'s default); a GPU stage has
+    one form."""
     sig = wave_signature(program, groups)
-    lowered = lowered or {}
-    kernels = {u: lowered[u] if u in lowered else lower_unit(program, u, target) for u in sig.units}
+    kernels = _lowered(program, sig, target, lowered)
     params, prologue = fused_params(program, sig, kernels)
     chains = [[kernels[u] for u in g] for g in sig.groups]
     first = kernels[sig.units[0]].func
@@ -158,7 +184,7 @@ def build_wave_kernel(program, groups: list[list[str]], target: tvm.target.Targe
 
         from .cpu import fuse_cpu
 
-        func, waves, mode = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs)
+        func, waves, mode = fuse_cpu(chains, prologue, params, veus or kernel_threads(), attrs, form)
     return WaveKernel(in_root_block(func), sig, waves, mode)
 
 
