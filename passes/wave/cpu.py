@@ -98,7 +98,8 @@ def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, s
     with lios + wave fusion 1.02-1.04x of sequential as waves, 1.15-1.18x as chains (slack 0.3, 0.6, 2);
     Inception-v3 0.96x -> 1.02-1.05x; greedy schedules (chains of one kernel) within noise. Why cut the
     one-kernel members: an Inception-v3 stage of a 432 us convolution (one thread) beside chains of 189 us left
-    one core idle for half the stage as whole chains (339-411 us); cut, 275-331 us. Cutting is not always
+    one core idle for half the stage as whole chains (410.7 us; cut 329.0 us, as waves 335.8 us, timed together
+    by ``scripts/wave_forms_cpu.py``, run 1 of the page below). Cutting is not always
     better (a RandWire stage: 921 us cut, 719 us whole, 583 us as waves): on a CPU some kernels run slower over
     two cores than on one (``docs/bench_cpu_wave_forms_2026-11-29.md``), so the default cuts only where whole
     chains do not balance."""
