@@ -47,8 +47,9 @@ def stage_forms(cost: MeasuredCostModel, sched, rounds: int) -> list[dict]:
     for si in fusable_stages(sched):
         names = [list(g) for g in sched.stages[si].groups]
         groups = [[graph.unit(u) for u in g] for g in names]
-        forms = wave_forms(src, names, cost.target)
-        default = build_wave_kernel(src, names, cost.target).mode
+        lowered: dict = {}   # the members lowered once for both questions
+        forms = wave_forms(src, names, cost.target, lowered=lowered)
+        default = build_wave_kernel(src, names, cost.target, lowered=lowered).mode
         plain = [cost._call(u) for g in groups for u in g]
         values = timer.time_stages([[[cost._wave_call(groups, f)]] for f in forms] + [[plain]], repeat=rounds)
         times = dict(zip(forms, values[:-1]))
@@ -81,7 +82,7 @@ def run_model(name: str, rounds: int, repeat: int, cache: str) -> dict:
     print(f"[{name}] lios: {sched.num_stages} stages, {len(fusable_stages(sched))} fusable "
           f"({time.perf_counter() - t:.0f} s)", flush=True)
     stages = stage_forms(cost, sched, rounds)
-    summed = {k: sum(st["forms_s"].get(st[k], 0.0) for st in stages) for k in ("default", "best")}
+    summed = {k: sum(st["forms_s"][st[k]] for st in stages) for k in ("default", "best")}
     built = programs(prog, sched, {st["stage"]: st["best"] for st in stages}, cost.target)
     cost.close()
     shape = tuple(int(d) for d in mod["main"].params[0].ty.shape.values)
