@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -267,9 +268,45 @@ def test_conv_schedule_is_tiled_parallel_and_vectorised():
     (name, func), = [(n, f) for n, f in _prim_funcs(mod).items() if "conv2d" in n]
     text = schedule_cpu(func, TARGET).script()
     assert "T.parallel" in text and "T.vectorized" in text
-    assert '"local"' in text  # register tile accumulator
+    assert "T.unroll" in text  # register tile: unrolled rows of vectors
     # bias add and relu are inlined into the write-back of the accumulator tile: no stage of their own
     assert 'T.sblock("T_add")' not in text and 'T.sblock("compute")' not in text
+
+
+_WORKSPACE_ALLOC = re.compile(r"call ptr %\w+\(i32 1, i32 %\w+, i64 (\d+), i32 \d+, i32 \d+\)")
+
+
+@pytest.mark.parametrize("mcpu", ["x86-64", "haswell", "skylake-avx512"])
+@pytest.mark.parametrize("case", ["1x1 over width", "1x1 over channels", "3x3 padded", "dense", "blocked",
+                                  "blocked, cropped"])
+def test_register_tiles_are_not_heap_allocations(mcpu, case):
+    """Built for real (LLVM IR of the compiled kernel, what ships): every heap workspace the kernel allocates
+    is at least 1 KiB. TVM's LowerTVMBuiltin puts a CPU allocation on the stack only when its scope is "global"
+    and it is under 1 KiB; a small register tile allocated as "local" became a TVMBackendAllocWorkspace call,
+    heap memory that LLVM does not keep in registers (RandWire's 1x1 convolutions ran 2-3x slower)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    if case.startswith("blocked"):  # the CPU layout's convolution (passes.kernels.nchwc), cropped or not
+        from tvm import te
+
+        from tvm_interop.passes.kernels.nchwc import conv2d_nchwc
+
+        blk, width = vector_lanes(target), 17 if case.endswith("cropped") else 14
+        data = te.placeholder((1, 4, width, width, blk), name="data")
+        weight = te.placeholder((4, 4, 3, 3, blk, blk), name="weight")
+        conv = conv2d_nchwc(data, weight, (1, 1), (1, 1, 1, 1), (1, 1))
+        smod = tvm.IRModule({"conv": schedule_cpu(te.create_prim_func([data, weight, conv]), target)})
+    else:
+        mod = {"1x1 over width": lambda: _conv((1, 39, 14, 14), 39, 1, bias=True),    # vector along the width
+               "1x1 over channels": lambda: _conv((1, 40, 14, 14), 40, 1, bias=True, relu=True),
+               "3x3 padded": lambda: _conv((1, 32, 28, 28), 64, 3, pad=1, bias=True, relu=True),
+               "dense": lambda: _dense(4, 256, 64)}[case]()
+        smod = apply_cpu_schedules(mod, target)
+    funcs = {n: f for n, f in _prim_funcs(smod).items() if _plan_of(f) in ("spatial_vector", "nchwc_conv")}
+    assert funcs, {n: _plan_of(f) for n, f in _prim_funcs(smod).items()}
+    for name, func in funcs.items():
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+        sizes = [int(n) for n in _WORKSPACE_ALLOC.findall(lib.mod.inspect_source("ll"))]
+        assert all(n >= 1024 for n in sizes), (name, sizes)
 
 
 def test_vector_lanes():

@@ -30,7 +30,8 @@ Plans, tried in order until one applies (each on a fresh ``tvm.s_tir.Schedule``)
     over channels) gives the register tile ``[u_t x v_t]``: each vector load of the weights feeds ``u_t`` FMAs and
     each broadcast of an input element feeds ``v_t / lanes`` FMAs. Loop order: outer tiles (the leading ones fused
     and parallel), the reduction loops, ``u_t`` (unrolled), ``v_t`` (vectorised). The accumulator tile lives in a
-    ``local`` buffer (registers after LLVM's SROA), written back once per tile with the epilogue inlined into
+    small buffer allocated inside the loop nest (a stack array, registers after LLVM's SROA: see ``_ACC_SCOPE``
+    for why its scope is ``global``), written back once per tile with the epilogue inlined into
     the write-back; the padding stage stays a separate, parallel stage, except where it pads nothing (1x1
     convolutions): that plain copy of the input is inlined (:func:`_inline_identity_copy`).
 ``reduction_vector``
@@ -90,6 +91,16 @@ _ACC_REGS_1X1 = (13, 16)  # ... for a reduction over one axis, with 32 registers
 _MIN_PARALLEL_BYTES = 1 << 21  # ... or bytes of its biggest operand above which threads pay (memory bound)
 _REORDER_MIN_INPUT_BYTES = 1 << 20  # an activation up to a typical per-core L2 is re-read from cache anyway
 _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operand reuse is memory bound
+# Storage scope of the register tiles (accumulators). Not "local": TVM's LowerTVMBuiltin leaves a CPU allocation
+# on the stack only when its scope is "global" and it is under 1 KiB (runtime::kMaxStackAlloca), and turns every
+# other one into a TVMBackendAllocWorkspace call, heap memory that LLVM cannot keep in registers, so a "local"
+# tile was loaded and stored around every multiply-add. The tile is allocated inside the loop nest (inside the
+# parallel loop's body: one per thread), so "global" gives an alloca that LLVM's SROA puts in registers. Measured
+# (2-core EPYC, AVX2): RandWire's 1x1 convolution 39 -> 39 at 14x14 45 -> 19 us, 78 -> 78 at 7x7 45 -> 16 us;
+# sequential programs RandWire 1.34x, Inception-v3 1.04x, SqueezeNet 1.03x, GoogLeNet 1.02x faster
+# (docs/bench_cpu_register_tiles_2026-11-30.md). A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers)
+# still goes to the workspace.
+_ACC_SCOPE = "global"
 
 
 @dataclass(frozen=True)
@@ -626,7 +637,7 @@ def _light_reduction_over_lanes(sch, red, spatial, reduction, prologue, epilogue
         vi = last_lp
     red_loops = [lp for lp, _ in reduction]
     sch.reorder(*outer, *red_loops, vi)
-    write_back = sch.cache_write(red, 0, "local")
+    write_back = sch.cache_write(red, 0, _ACC_SCOPE)
     sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
     _epilogue_and_prologue(sch, epilogue, kept, cfg, inline_into_write_back=True)
     for lp in red_loops:
@@ -739,8 +750,8 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     outer = _order_outer_for_reuse(sch, stmt, spatial, outer, v, vc)
     sch.reorder(*outer, *red_loops, *([ui] if ui is not None else []), vi)
 
-    # accumulate in a local (register) tile, written back (with the epilogue) after the reduction
-    write_back = sch.cache_write(red, 0, "local")
+    # accumulate in a register tile (_ACC_SCOPE), written back (with the epilogue) after the reduction
+    write_back = sch.cache_write(red, 0, _ACC_SCOPE)
     if vc.transpose_acc:
         wr = sch.get(red).writes[0]
         (dim,) = _dims_using(wr, v.var)
@@ -853,16 +864,16 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     beside_parallel = cfg.threads > 1 and work >= _MIN_PARALLEL_MACS
     if _crops_its_reduction(sch, red, epilogue):
         # computed over more columns than the output has (passes.kernels.nchwc.tileable_width): the reduction
-        # accumulates in a per-tile local buffer, and the epilogue, which crops, writes the tile's columns that
+        # accumulates in a per-tile register buffer (_ACC_SCOPE), and the epilogue, which crops, writes the tile's columns that
         # exist (its bounds test sits in the write-back, not among the multiply-adds)
-        sch.set_scope(red, 0, "local")
+        sch.set_scope(red, 0, _ACC_SCOPE)
         write_back = epilogue
         sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
         _epilogue_and_prologue(sch, None, prologue, cfg, inline_into_write_back=False,
                                beside_parallel=beside_parallel)
     else:
         crops = _epilogue_crops(sch, red, epilogue)     # along another axis: not inlined (see there)
-        write_back = sch.cache_write(red, 0, "local")
+        write_back = sch.cache_write(red, 0, _ACC_SCOPE)
         sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
         _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=not crops,
                                beside_parallel=beside_parallel)
