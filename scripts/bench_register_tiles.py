@@ -1,0 +1,115 @@
+"""Register tiles on the heap (TVM's workspace) vs on the stack: the same sequential program built both ways.
+
+Why: TVM's ``LowerTVMBuiltin`` keeps a CPU allocation on the stack (an LLVM alloca, registers after SROA) only
+when its scope is ``global`` and it is under 1 KiB; any other scope becomes a ``TVMBackendAllocWorkspace`` call.
+Our CPU schedules allocated their accumulator tiles as ``local`` until 2026-11-30, so every multiply-add loaded
+and stored its accumulator (``passes.kernels.cpu_schedule._ACC_SCOPE``). This builds each model's sequential
+program with the tiles in ``local`` scope (before) and in ``global`` (now), checks both against plain TVM, times
+them in interleaved rounds and reports medians and the ratio, with the number of workspace allocations that the
+built kernels make.
+
+    .venv/bin/python scripts/bench_register_tiles.py --models randwire inception_v3 squeezenet googlenet
+
+The model configurations are ``bench_cpu.CONFIGS`` (the sizes of the CPU benchmark tables).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import tvm_interop  # noqa: E402
+from bench_cpu import ATOL, CONFIGS, RTOL, machine  # noqa: E402
+from tvm_interop.passes.kernels import cpu_schedule  # noqa: E402
+
+SCOPES = {"heap (local)": "local", "stack (global)": "global"}
+_WORKSPACE_CALL = re.compile(r"call ptr %\w+\(i32 1, i32 %\w+, i64 \w+, i32 \d+, i32 \d+\)")
+
+
+def workspace_calls(compiled) -> int:
+    """``TVMBackendAllocWorkspace`` call sites in the LLVM of the built library (all kernels)."""
+    count, stack = 0, [compiled.runner.library.mod]
+    while stack:
+        mod = stack.pop()
+        try:
+            count += len(_WORKSPACE_CALL.findall(mod.inspect_source("ll")))
+        except Exception:  # noqa: BLE001 - the VM's own module has no LLVM source
+            pass
+        stack.extend(mod.imports)
+    return count
+
+
+def build(mod, name: str, scope: str):
+    """The sequential program with the register tiles in ``scope`` (scheduling memo cleared both ways)."""
+    saved = cpu_schedule._ACC_SCOPE
+    cpu_schedule._ACC_SCOPE = scope
+    cpu_schedule._SCHEDULED.clear()
+    try:
+        return tvm_interop.compile(mod, scheduler="sequential", name=name, guard=False)
+    finally:
+        cpu_schedule._ACC_SCOPE = saved
+        cpu_schedule._SCHEDULED.clear()
+
+
+def run_model(name: str, repeat: int, config: dict) -> dict:
+    mod, _ = tvm_interop.load_module(name, **config)
+    shape = tuple(int(d) for d in mod["main"].params[0].ty.shape.values)
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    ref = tvm_interop.run_reference(mod, [x])
+    built, diffs, calls = {}, {}, {}
+    for label, scope in SCOPES.items():
+        m = build(mod, name, scope)
+        out = m.run(x)
+        diffs[label] = float(np.max(np.abs(out - ref)))
+        if not np.allclose(out, ref, rtol=RTOL, atol=ATOL):
+            raise SystemExit(f"{name} {label}: output differs from plain TVM (max abs diff {diffs[label]:.3g})")
+        calls[label] = workspace_calls(m)
+        for _ in range(3):
+            m.run(x)
+        built[label] = m
+    times = {k: [] for k in built}
+    for _ in range(repeat):
+        for k, m in built.items():
+            t0 = time.perf_counter()
+            m.run(x)
+            times[k].append(time.perf_counter() - t0)
+    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    before, now = SCOPES
+    return {"model": name, "config": config, "median_ms": med, "speedup": med[before] / med[now],
+            "workspace_calls": calls, "max_abs_diff": diffs}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["randwire", "inception_v3", "squeezenet", "googlenet"],
+                    choices=sorted(CONFIGS))
+    ap.add_argument("--repeat", type=int, default=40, help="interleaved rounds")
+    ap.add_argument("--width", type=float, default=None, help="override the models' width (tests)")
+    ap.add_argument("--image-size", type=int, default=None, help="override the models' image size (tests)")
+    ap.add_argument("--out", default="bench_register_tiles", help="output path without extension (.json)")
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.models:
+        config = dict(CONFIGS[name])
+        config.update({k: v for k, v in (("width", args.width), ("image_size", args.image_size)) if v is not None})
+        rows.append(run_model(name, args.repeat, config))
+        r = rows[-1]
+        print(f"{name:14s} " + "  ".join(f"{k} {v:7.3f} ms ({r['workspace_calls'][k]} workspace calls)"
+                                         for k, v in r["median_ms"].items())
+              + f"  stack / heap speed-up {r['speedup']:.3f}x", flush=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"command": "python scripts/bench_register_tiles.py "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
+                   "machine": machine(), "repeat": args.repeat, "results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
