@@ -96,9 +96,9 @@ _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operan
 # other one into a TVMBackendAllocWorkspace call, heap memory that LLVM cannot keep in registers, so a "local"
 # tile was loaded and stored around every multiply-add. The tile is allocated inside the loop nest (inside the
 # parallel loop's body: one per thread), so "global" gives an alloca that LLVM's SROA puts in registers. Measured
-# (2-core EPYC, AVX2): RandWire's 1x1 convolution 39 -> 39 at 14x14 45 -> 19 us, 78 -> 78 at 7x7 45 -> 16 us;
-# sequential programs RandWire 1.34x, Inception-v3 1.04x, SqueezeNet 1.03x, GoogLeNet 1.02x faster
-# (docs/bench_cpu_register_tiles_2026-11-30.md). A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers)
+# (2-core EPYC, AVX2): RandWire's 1x1 convolution 39 -> 39 at 14x14 45 -> 19 us, 78 -> 78 at 7x7 45 -> 16 us
+# (each alone); sequential programs, same process, two runs: RandWire 1.31x / 1.35x, Inception-v3 1.02x / 1.04x,
+# SqueezeNet 1.04x, GoogLeNet 1.00x (scripts/bench_register_tiles.py, docs/bench_cpu_register_tiles_2026-11-30.md). A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers)
 # still goes to the workspace.
 _ACC_SCOPE = "global"
 
