@@ -98,8 +98,8 @@ _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operan
 # parallel loop's body: one per thread), so "global" gives an alloca that LLVM's SROA puts in registers. Measured
 # (2-core EPYC, AVX2): RandWire's 1x1 convolution 39 -> 39 at 14x14 45 -> 19 us, 78 -> 78 at 7x7 45 -> 16 us
 # (each alone); sequential programs, same process, two runs: RandWire 1.31x / 1.35x, Inception-v3 1.02x / 1.04x,
-# SqueezeNet 1.04x, GoogLeNet 1.00x (scripts/bench_register_tiles.py, docs/bench_cpu_register_tiles_2026-11-30.md). A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers)
-# still goes to the workspace.
+# SqueezeNet 1.04x, GoogLeNet 1.00x (scripts/bench_register_tiles.py, docs/bench_cpu_register_tiles_2026-11-30.md).
+# A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers) still goes to the workspace.
 _ACC_SCOPE = "global"
 
 
@@ -864,8 +864,8 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     beside_parallel = cfg.threads > 1 and work >= _MIN_PARALLEL_MACS
     if _crops_its_reduction(sch, red, epilogue):
         # computed over more columns than the output has (passes.kernels.nchwc.tileable_width): the reduction
-        # accumulates in a per-tile register buffer (_ACC_SCOPE), and the epilogue, which crops, writes the tile's columns that
-        # exist (its bounds test sits in the write-back, not among the multiply-adds)
+        # accumulates in a per-tile register buffer (_ACC_SCOPE), and the epilogue, which crops, writes the tile's
+        # columns that exist (its bounds test sits in the write-back, not among the multiply-adds)
         sch.set_scope(red, 0, _ACC_SCOPE)
         write_back = epilogue
         sch.reverse_compute_at(write_back, outer[-1], preserve_unit_loops=True)
