@@ -860,34 +860,3 @@ def test_a_fused_stage_of_one_input_builds_through_tvms_own_pipeline(target):
                       built.inspect_source("ll"))
 
     assert code(kernels) == code(bare)
-
-
-def test_whole_chains_are_outlined_with_their_tiles_in_the_library_that_ships():
-    """The library ``build_library`` compiles (TIR pipeline ``passes.wave.cpu_pipeline``): every whole chain of a
-    CPU wave kernel is a function of its own named after its kernel (two kernels in one LLVM module, which its
-    verifier accepts), no outlined function receives a register tile as a parameter (``StorageRewrite`` would
-    hoist the tiles out of it: memory instead of registers), and the program equals plain TVM."""
-    import re
-
-    from tvm_interop.passes.wave import cpu as wave_cpu
-    from tvm_interop.passes.wave.cpu_pipeline import cpu_tir_pipeline
-    from tvm_interop.passes.wave.kernel import build_wave_kernel
-
-    program, x, ref = _zoo("inception_v3")
-    sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
-    stages = sorted(fusable_stages(sched), key=lambda i: -len(sched.stages[i].groups))[:2]
-    kernels = {}
-    for i, stage in enumerate(stages):
-        wk = build_wave_kernel(program, [list(g) for g in sched.stages[stage].groups], HOST, veus=2,
-                               form=wave_cpu.CHAINS)
-        kernels[f"wave_test{i}"] = (wk.func.with_attr("global_symbol", f"wave_test{i}"), len(wk.signature.groups))
-    lib = tvm.compile(tvm.IRModule({n: f for n, (f, _) in kernels.items()}), HOST, tir_pipeline=cpu_tir_pipeline())
-    ll = lib.mod.inspect_source("ll")
-    for name, (_, chains) in kernels.items():
-        outlined = re.findall(rf"define [^@]*@{name}_chains_m\d+_compute_\(([^)]*)\)", ll)
-        assert len(outlined) == chains, (name, len(outlined), chains)
-        assert not any("intermediate_global" in params for params in outlined), outlined
-    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST, forms={s: wave_cpu.CHAINS
-                                                                                       for s in stages})
-    assert any(r.fused and r.mode == wave_cpu.CHAINS for r in records)
-    np.testing.assert_allclose(_run(fused_prog, fused_sched, x, executor="vm"), ref, **TOL)

@@ -82,17 +82,6 @@ def _one_kernel(chain: list[Nest]) -> bool:
     return len(chain) == 1 and chain[0].kind == "parallel"
 
 
-def outlined(stmt, name: str):
-    """``stmt`` compiled as a function of its own: TVM's LLVM code generator turns a ``compute_scope``
-    attribute into a ``noinline`` function whose pointer parameters are ``noalias`` (what it does for every
-    kernel's ``main_compute_``). Why: inside the parallel loop's function, LLVM reloaded the members' buffer
-    pointers from the stack in their multiply-add loops (11-14 stack accesses per iteration of a 1x1
-    convolution, none in the serial kernel), and a chain ran 1.3x slower there than serially. Needs the build's
-    TIR pipeline without ``StorageRewrite`` for the kernel (``passes.wave.cpu_pipeline``), which would otherwise
-    hoist the chain's register tiles out of the function (measured there)."""
-    return S.AttrStmt(tirx.IntImm("int32", 0), "compute_scope", tvm.ir.StringImm(f"{name}_compute_"), stmt)
-
-
 def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, split: bool = True):
     """One parallel loop over ``veus`` units where each member's whole chain runs on one unit, its kernels
     single-threaded one after another: no barrier inside the stage, and every kernel reads what the kernel
@@ -130,7 +119,7 @@ def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, s
             body.append(_split_loop(c[0], t, share[m], plan))
         else:
             run = S.SeqStmt([_serial(n) for n in c]) if len(c) > 1 else _serial(c[0])
-            body.append(S.IfThenElse(tirx.EQ(t, _i64(owner[m])), outlined(run, f"{name}_m{m}"), None))
+            body.append(S.IfThenElse(tirx.EQ(t, _i64(owner[m])), run, None))
     return S.For(t, _i64(0), _i64(veus), tirx.ForKind.PARALLEL, S.SeqStmt(body) if len(body) > 1 else body[0])
 
 
