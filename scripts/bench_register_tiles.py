@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -31,7 +30,6 @@ from bench_cpu import ATOL, CONFIGS, RTOL, machine  # noqa: E402
 from tvm_interop.passes.kernels import cpu_schedule  # noqa: E402
 
 SCOPES = {"heap (local)": "local", "stack (global)": "global"}
-_WORKSPACE_CALL = re.compile(r"call ptr %\w+\(i32 1, i32 %\w+, i64 \w+, i32 \d+, i32 \d+\)")
 
 
 def workspace_calls(compiled) -> int:
@@ -40,7 +38,7 @@ def workspace_calls(compiled) -> int:
     while stack:
         mod = stack.pop()
         try:
-            count += len(_WORKSPACE_CALL.findall(mod.inspect_source("ll")))
+            count += len(cpu_schedule.workspace_allocations(mod.inspect_source("ll")))
         except Exception:  # noqa: BLE001 - the VM's own module has no LLVM source
             pass
         stack.extend(mod.imports)

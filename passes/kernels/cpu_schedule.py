@@ -62,6 +62,7 @@ import collections
 import logging
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,6 +102,15 @@ _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operan
 # SqueezeNet 1.04x, GoogLeNet 1.00x (scripts/bench_register_tiles.py, docs/bench_cpu_register_tiles_2026-11-30.md).
 # A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers) still goes to the workspace.
 _ACC_SCOPE = "global"
+# a TVMBackendAllocWorkspace call in a built kernel's LLVM IR (device type 1: CPU), its byte count
+_WORKSPACE_CALL = re.compile(r"call ptr %\w+\(i32 1, i32 %\w+, i64 (\w+), i32 \d+, i32 \d+\)")
+
+
+def workspace_allocations(llvm_ir: str) -> list[int | None]:
+    """Bytes of each heap workspace allocation in the LLVM IR of a built CPU library (None: a size known only at
+    run time). What the register tiles must not be (``_ACC_SCOPE``): tests and ``scripts/bench_register_tiles.py``
+    read the library that was built, not the schedule."""
+    return [int(n) if n.isdigit() else None for n in _WORKSPACE_CALL.findall(llvm_ir)]
 
 
 @dataclass(frozen=True)
