@@ -5,8 +5,9 @@ the threads, or as waves (``passes.wave.cpu``). For each model: schedule with li
 
 1. per fusable stage, time every form it offers (``cpu_forms``) and its groups in order, in interleaved rounds
    (``StageTimer.time_stages``): which form is fastest alone, and by how much against the default form;
-2. build three programs from the same schedule, every stage fused: the default forms, every stage in the form
-   that was fastest alone, and sequential (same kernels); check each against plain TVM; time them in
+2. build four programs from the same schedule, every stage fused: the default forms, every stage in the form
+   that was fastest alone, the default forms with whole chains compiled inline instead of outlined (what was
+   built before 2026-11-30), and sequential (same kernels); check each against plain TVM; time them in
    interleaved rounds and report medians and ratios over sequential.
 
 Step 2 is the one that decides: a form that wins alone has to win in the program. Writes a JSON and prints a
@@ -35,6 +36,7 @@ from tvm_interop.passes.cost.measured import MeasuredCostModel  # noqa: E402
 from tvm_interop.passes.lower import make_plan  # noqa: E402
 from tvm_interop.passes.schedulers import schedule_graph  # noqa: E402
 from tvm_interop.passes.wave import apply_wave_fusion, fusable_stages  # noqa: E402
+from tvm_interop.passes.wave import cpu as wave_cpu  # noqa: E402
 from tvm_interop.passes.wave.kernel import build_wave_kernel, wave_forms  # noqa: E402
 from tvm_interop.runtime.model import ScheduledModel  # noqa: E402
 
@@ -63,11 +65,17 @@ def stage_forms(cost: MeasuredCostModel, sched, rounds: int) -> list[dict]:
 
 
 def programs(prog, sched, best_forms: dict[int, str], target) -> dict:
-    """The schedule fused in the default forms and in the forms fastest alone, and sequential, each built."""
+    """The schedule fused in the default forms, in the forms fastest alone, and in the default forms with whole
+    chains compiled inline (not outlined: ``passes.wave.cpu.OUTLINE_CHAINS``), and sequential, each built."""
     built = {}
-    for name, forms in (("default forms", None), ("fastest alone", best_forms)):
-        p, s, _ = apply_wave_fusion(prog, sched, target, forms=forms)
-        built[name] = ScheduledModel(build_library(p, s, make_plan(p, s), target), executor="vm")
+    for name, forms, outline in (("default forms", None, True), ("fastest alone", best_forms, True),
+                                 ("default, inline chains", None, False)):
+        saved, wave_cpu.OUTLINE_CHAINS = wave_cpu.OUTLINE_CHAINS, outline
+        try:
+            p, s, _ = apply_wave_fusion(prog, sched, target, forms=forms)
+            built[name] = ScheduledModel(build_library(p, s, make_plan(p, s), target), executor="vm")
+        finally:
+            wave_cpu.OUTLINE_CHAINS = saved
     seq = schedule_graph(prog.graph, "sequential", "sim:cpu")
     built["sequential"] = ScheduledModel(build_library(prog, seq, make_plan(prog, seq), target), executor="vm")
     return built

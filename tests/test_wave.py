@@ -860,3 +860,46 @@ def test_a_fused_stage_of_one_input_builds_through_tvms_own_pipeline(target):
                       built.inspect_source("ll"))
 
     assert code(kernels) == code(bare)
+
+
+def test_whole_chains_are_outlined_with_their_tiles_in_the_library_that_ships():
+    """The library ``build_library`` compiles (TIR pipeline ``passes.wave.cpu_pipeline``): every whole chain of a
+    CPU wave kernel is a function of its own named after its kernel (two kernels in one LLVM module, which its
+    verifier accepts), no outlined function receives a register tile as a parameter (``StorageRewrite`` would
+    hoist the tiles out of it: memory instead of registers), none receives one tensor through two pointers
+    (all its pointers are ``noalias``: LLVM moved a consumer's loads above its producer's stores when a chain's
+    producer output and consumer input came in separately), and the program equals plain TVM. The stages are
+    those where the aliasing computed wrong numbers (stage 7 of this schedule) and the two widest."""
+    import re
+
+    from tvm_interop.passes.wave import cpu as wave_cpu
+    from tvm_interop.passes.wave.cpu_pipeline import cpu_tir_pipeline
+    from tvm_interop.passes.wave.kernel import (_lowered, build_wave_kernel, fused_param_map,
+                                                wave_signature)
+
+    program, x, ref = _zoo("inception_v3")
+    sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
+    stages = sorted(fusable_stages(sched), key=lambda i: -len(sched.stages[i].groups))[:2]
+    stages += [i for i in fusable_stages(sched) if [len(g) for g in sched.stages[i].groups] == [1, 4, 6]]
+    assert len(stages) == 3, stages
+    kernels = {}
+    for i, stage in enumerate(stages):
+        groups = [list(g) for g in sched.stages[stage].groups]
+        wk = build_wave_kernel(program, groups, HOST, veus=2, form=wave_cpu.CHAINS)
+        sig = wave_signature(program, groups)
+        _, binding = fused_param_map(program, sig, _lowered(program, sig, HOST, None))
+        tensors = [len({id(binding[key]) for key in binding if key[0] in g}) for g in sig.groups]
+        kernels[f"wave_test{i}"] = (wk.func.with_attr("global_symbol", f"wave_test{i}"), tensors)
+    lib = tvm.compile(tvm.IRModule({n: f for n, (f, _) in kernels.items()}), HOST, tir_pipeline=cpu_tir_pipeline())
+    ll = lib.mod.inspect_source("ll")
+    for name, (_, tensors) in kernels.items():
+        outlined = dict(re.findall(rf"^define [^@]*@{name}_chains_m(\d+)_compute_\((.*)$", ll, re.M))
+        assert sorted(map(int, outlined)) == list(range(len(tensors))), (name, sorted(outlined))
+        assert not any("intermediate_global" in params for params in outlined.values()), outlined
+        for m, params in outlined.items():
+            pointers = params.count("ptr ")
+            assert 0 < pointers <= tensors[int(m)], (name, m, pointers, tensors[int(m)], params)
+    fused_prog, fused_sched, records = apply_wave_fusion(program, sched, HOST, forms={s: wave_cpu.CHAINS
+                                                                                       for s in stages})
+    assert any(r.fused and r.mode == wave_cpu.CHAINS for r in records)
+    np.testing.assert_allclose(_run(fused_prog, fused_sched, x, executor="vm"), ref, **TOL)

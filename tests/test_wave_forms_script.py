@@ -1,5 +1,6 @@
 """``scripts/wave_forms_cpu.py`` times every CPU form of every fused stage together with the stage's groups in
-order, and builds the schedule in the default forms and in forced ones; here on a small branchy model."""
+order, and builds the schedule in the default forms (outlined chains and inline ones) and in forced ones; here on
+a small branchy model."""
 import numpy as np
 
 from scripts_under_test import load_script
@@ -26,7 +27,7 @@ def test_every_form_of_every_stage_is_timed_and_the_forced_forms_are_built(branc
     forced = {st["stage"]: "waves" for st in stages}
     built = script.programs(program, sched, forced, cost.target)
     try:
-        assert set(built) == {"default forms", "fastest alone", "sequential"}
+        assert set(built) == {"default forms", "fastest alone", "default, inline chains", "sequential"}
         for name, model in built.items():
             np.testing.assert_allclose(model.run(branchy_input), branchy_reference, rtol=1e-4, atol=1e-4,
                                        err_msg=name)

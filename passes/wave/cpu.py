@@ -82,7 +82,61 @@ def _one_kernel(chain: list[Nest]) -> bool:
     return len(chain) == 1 and chain[0].kind == "parallel"
 
 
-def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, split: bool = True):
+def _fluid(chains: list[list[Nest]], split: bool) -> list[int]:
+    """The members :func:`chain_region` cuts over the units (one-kernel members, when ``split``)."""
+    return [m for m, c in enumerate(chains) if split and _one_kernel(c)]
+
+
+def member_declarations(members: list[list[LoweredKernel]], prologue: list) -> list[list]:
+    """Per member: the prologue statements binding its kernels' parameters, then its kernels' own declarations.
+
+    Why each outlined chain declares its own buffers: the code generator makes every variable the outlined
+    function uses but does not define a ``noalias`` pointer parameter, and two members (or two kernels of one
+    chain) name one fused tensor through different variables (a producer's output parameter and its consumer's
+    input parameter are both bound to the same fused buffer by the prologue). Declared outside, those would be
+    two ``noalias`` pointers to the same memory, and LLVM moved a consumer's loads above its producer's stores
+    (measured: an Inception-v3 stage, 999 of 1000 outputs wrong). Declared inside, the function's parameters
+    are the fused kernel's own buffers, which are distinct tensors."""
+    owned = []
+    for chain in members:
+        params = [p for k in chain if k.func is not None for p in k.params]   # None: a synthetic kernel (tests)
+        binds = [d for d in prologue if any(d.buffer.same_as(p) for p in params)]
+        owned.append(binds + [d for k in chain for d in k.decls])
+    return owned
+
+
+def region_declared(prologue: list, declarations: list[list], outlined_members: list[int]) -> list:
+    """What a chain region's kernel declares before its parallel loop: every declaration except those of the
+    members in ``outlined_members`` (each declares its own inside its function), the prologue's first."""
+    owned = [d for decls in declarations for d in decls]
+    unowned = [d for d in prologue if not any(d.same_as(o) for o in owned)]
+    return unowned + [d for m, decls in enumerate(declarations) if m not in outlined_members for d in decls]
+
+
+# the attribute marking a statement to be compiled as a function of its own (see :func:`outlined`)
+OUTLINE_ATTR = "tvm_interop.outline"
+# whether :func:`chain_region` outlines whole chains; off only to compare against the inline kernel
+# (``scripts/wave_forms_cpu.py``): off, a fused kernel is built exactly as before the outlining
+OUTLINE_CHAINS = True
+
+
+def outlined(stmt, name: str):
+    """``stmt`` marked to be compiled as a function of its own. Our TIR pipeline (``passes.wave.cpu_pipeline``,
+    used by every build of ours) turns the mark into a ``compute_scope``, which TVM's LLVM code generator makes a
+    ``noinline`` function with ``noalias`` pointer parameters (what it does for every kernel's
+    ``main_compute_``). Why: inside the parallel loop's function, LLVM reloaded the members' buffer pointers from
+    the stack in their multiply-add loops (11-14 stack accesses per iteration of a 1x1 convolution, none in the
+    serial kernel), and a chain ran 1.3x slower there than serially. Why a mark of our own and not the
+    ``compute_scope`` itself: the outlined function only helps without ``StorageRewrite`` (which hoists the
+    chain's register tiles out of it: slower than not outlined, measured), which only our pipeline leaves out;
+    a fused program built by TVM's own pipeline (our Relax pass inside a user's ``tvm.compile``) ignores the
+    mark and compiles the chain inline, as before. ``stmt`` must declare the chain's buffers itself
+    (:func:`member_declarations`: every pointer parameter is ``noalias``)."""
+    return S.AttrStmt(tirx.IntImm("int32", 0), OUTLINE_ATTR, tvm.ir.StringImm(name), stmt)
+
+
+def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, split: bool = True,
+                 declarations: list[list] | None = None):
     """One parallel loop over ``veus`` units where each member's whole chain runs on one unit, its kernels
     single-threaded one after another: no barrier inside the stage, and every kernel reads what the kernel
     before it wrote on the same core. ``split``: a member that is one parallel kernel is cut instead, its
@@ -102,8 +156,12 @@ def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, s
     by ``scripts/wave_forms_cpu.py``, run 1 of the page below). Cutting is not always
     better (a RandWire stage: 921 us cut, 719 us whole, 583 us as waves): on a CPU some kernels run slower over
     two cores than on one (``docs/bench_cpu_wave_forms_2026-11-29.md``), so the default cuts only where whole
-    chains do not balance."""
-    fluid = [m for m, c in enumerate(chains) if split and _one_kernel(c)]
+    chains do not balance.
+
+    ``declarations``: per member, the statements declaring its buffers (:func:`member_declarations`), placed
+    inside its outlined function (:func:`outlined`) when it runs whole; the caller declares the rest
+    (:func:`region_declared`)."""
+    fluid = _fluid(chains, split)
     whole = [m for m in range(len(chains)) if m not in fluid]
     works = [sum(n.work for n in chains[m]) for m in whole]
     plan = plan_wave([(chains[m][0].iterations, max(1, chains[m][0].work // chains[m][0].iterations))
@@ -118,7 +176,9 @@ def chain_region(chains: list[list[Nest]], veus: int, name: str, slack: float, s
         if m in share:
             body.append(_split_loop(c[0], t, share[m], plan))
         else:
-            run = S.SeqStmt([_serial(n) for n in c]) if len(c) > 1 else _serial(c[0])
+            run = _seq([_serial(n) for n in c])
+            if OUTLINE_CHAINS:
+                run = outlined(_seq(list(declarations[m] if declarations else []) + [run]), f"{name}_m{m}")
             body.append(S.IfThenElse(tirx.EQ(t, _i64(owner[m])), run, None))
     return S.For(t, _i64(0), _i64(veus), tirx.ForKind.PARALLEL, S.SeqStmt(body) if len(body) > 1 else body[0])
 
@@ -173,17 +233,20 @@ def fuse_cpu(members: list[list[LoweredKernel]], prologue: list, params: list, v
         raise ValueError(f"unknown CPU wave form {form!r}; expected one of {', '.join(CPU_FORMS)}")
     chains = _nest_chains(members)
     decls = [d for chain in members for k in chain for d in k.decls]
-    region, mode = None, CHAINS
+    owned = member_declarations(members, prologue)
+    region, split = None, False
     if form in (CHAINS, SPLIT_CHAINS) and veus > 1 and len(chains) > 1:
         split = form == SPLIT_CHAINS and any(_one_kernel(c) for c in chains)
-        region, mode = chain_region(chains, veus, "chains", float("inf"), split=split), (SPLIT_CHAINS if split
-                                                                                         else CHAINS)
+        region = chain_region(chains, veus, "chains", float("inf"), split=split, declarations=owned)
     elif form is None and veus > 1:   # whole chains where they balance, else cut where that balances them
-        region = chain_region(chains, veus, "chains", CHAIN_SLACK, split=False)
+        region = chain_region(chains, veus, "chains", CHAIN_SLACK, split=False, declarations=owned)
         if region is None and any(_one_kernel(c) for c in chains):
-            region, mode = chain_region(chains, veus, "chains", CHAIN_SLACK, split=True), SPLIT_CHAINS
+            split = True
+            region = chain_region(chains, veus, "chains", CHAIN_SLACK, split=True, declarations=owned)
     if region is not None:
-        body = _seq(list(prologue) + decls + [region])
+        whole = [m for m in range(len(chains)) if OUTLINE_CHAINS and m not in _fluid(chains, split)]
+        body = _seq(region_declared(prologue, owned, whole) + [region])
+        mode = SPLIT_CHAINS if split else CHAINS
         return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), 1, mode
     waves = []
     for w in range(max(len(c) for c in chains)):

@@ -52,8 +52,10 @@ def wave_signature(program, groups: list[list[str]]) -> WaveSignature:
 
 # the fused kernel's code generation, part of every cache key of a timed wave stage (``passes.cost.measured``):
 # bump it when the same members come to be fused into different code, so no timing of the old code is reused
-WAVE_CODEGEN = 3   # 2: CPU stages of balanced chains run one whole chain per thread (passes.wave.cpu);
-                   # 3: where whole chains do not balance, one-kernel members are cut over the threads
+WAVE_CODEGEN = 5   # 2: CPU stages of balanced chains run one whole chain per thread (passes.wave.cpu);
+                   # 3: where whole chains do not balance, one-kernel members are cut over the threads;
+                   # 4: each whole chain outlined into its own function (passes.wave.cpu.outlined; never landed);
+                   # 5: 4 with each outlined chain declaring its own buffers (cpu.member_declarations)
 
 
 @dataclass
