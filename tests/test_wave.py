@@ -903,3 +903,31 @@ def test_whole_chains_are_outlined_with_their_tiles_in_the_library_that_ships():
                                                                                        for s in stages})
     assert any(r.fused and r.mode == wave_cpu.CHAINS for r in records)
     np.testing.assert_allclose(_run(fused_prog, fused_sched, x, executor="vm"), ref, **TOL)
+
+
+def test_without_outlining_a_wave_kernel_builds_exactly_as_tvms_own_pipeline_builds_it(monkeypatch):
+    """``OUTLINE_CHAINS`` off (the A/B baseline of ``scripts/wave_forms_cpu.py``): the kernel holds no outline
+    mark, and our TIR pipeline leaves it to TVM's default one (the same LLVM); on, the mark is there and our
+    pipeline outlines the chains while TVM's own pipeline, ignoring the mark, builds the inline code."""
+    from tvm_interop.passes.wave import cpu as wave_cpu
+    from tvm_interop.passes.wave.cpu_pipeline import cpu_tir_pipeline
+    from tvm_interop.passes.wave.kernel import build_wave_kernel
+
+    program = prepare_program(_two_pools_of_one_tensor(), HOST, name="pools", layout="nchw")
+    groups = [[u.name] for u in program.graph.units][:2]
+
+    def llvm(func, pipeline):
+        lib = tvm.compile(tvm.IRModule({"wave_pools": func.with_attr("global_symbol", "wave_pools")}), HOST,
+                          tir_pipeline=pipeline)
+        seen: dict = {}   # LLVM's alias metadata names buffers by their object's address
+        return re.sub(r"0x[0-9a-f]{6,}", lambda m: f"A{seen.setdefault(m.group(0), len(seen))}",
+                      lib.mod.inspect_source("ll"))
+
+    outlined = build_wave_kernel(program, groups, HOST, veus=2, form=wave_cpu.CHAINS)
+    assert wave_cpu.OUTLINE_ATTR in outlined.func.script()
+    assert "wave_pools_chains_m0_compute_" in llvm(outlined.func, cpu_tir_pipeline())
+    assert "chains_m0_compute_" not in llvm(outlined.func, "default")
+    monkeypatch.setattr(wave_cpu, "OUTLINE_CHAINS", False)
+    inline = build_wave_kernel(program, groups, HOST, veus=2, form=wave_cpu.CHAINS)
+    assert inline.mode == wave_cpu.CHAINS and wave_cpu.OUTLINE_ATTR not in inline.func.script()
+    assert llvm(inline.func, cpu_tir_pipeline()) == llvm(inline.func, "default")

@@ -10,10 +10,11 @@ loop's body (its attach scope) and merges the members' tiles into one, which the
 as a pointer: memory, not registers. The pass only plans the reuse of buffers within a kernel, so the wave
 kernels lose little by skipping it. TVM's own pipeline ignores the mark: the chains compile inline there.
 
-Measured (2-core EPYC, AVX2; RandWire width 0.5, lios stages, medians of 2000 interleaved calls, two threads):
-stage 3 87.9 -> 69.8 us, its two identical chains alone 39.3 -> 29.2 us, stage 13 48.3 -> 36.6 us, stage 7
-110.9 -> 88.9 us; outlined with ``StorageRewrite`` left in, slower than not outlined (106.7, 50.0, 62.1, 145.5
-us): ``docs/bench_cpu_register_tiles_2026-11-30.md``.
+Measured (2-core EPYC, AVX2; same process, same lios schedule, every fusable stage fused, 150 interleaved
+rounds): RandWire 1.064x -> 1.130x over sequential with the chains outlined, Inception-v3 1.036x -> 1.038x; an
+earlier probe of single stages with and without ``StorageRewrite``: outlined with it left in ran slower than not
+outlined (RandWire stage 3: 106.7 vs 87.9 us; 69.8 us without it): ``docs/bench_cpu_outlined_chains_2026-11-30.md``,
+``docs/bench_cpu_register_tiles_2026-11-30.md``.
 
 Two more things this pipeline does to the wave kernels, both for LLVM's verifier: each outlined function is
 named after its kernel (a library compiles every kernel into one LLVM module, where two kernels'
