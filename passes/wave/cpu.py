@@ -245,7 +245,8 @@ def fuse_cpu(members: list[list[LoweredKernel]], prologue: list, params: list, v
             region = chain_region(chains, veus, "chains", CHAIN_SLACK, split=True, declarations=owned)
     if region is not None:
         whole = [m for m in range(len(chains)) if OUTLINE_CHAINS and m not in _fluid(chains, split)]
-        body = _seq(region_declared(prologue, owned, whole) + [region])
+        declared = region_declared(prologue, owned, whole) if whole else list(prologue) + decls
+        body = _seq(declared + [region])
         mode = SPLIT_CHAINS if split else CHAINS
         return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs)), 1, mode
     waves = []
