@@ -11,7 +11,8 @@ as a pointer: memory, not registers. The pass only plans the reuse of buffers wi
 kernels lose little by skipping it. TVM's own pipeline ignores the mark: the chains compile inline there.
 
 Measured (2-core EPYC, AVX2; same process, same lios schedule, every fusable stage fused, 150 interleaved
-rounds): RandWire 1.064x -> 1.130x over sequential with the chains outlined, Inception-v3 1.036x -> 1.038x; an
+rounds, two runs): RandWire 1.064x -> 1.130x and 1.192x -> 1.236x over sequential with the chains outlined,
+Inception-v3 unchanged within noise (1.036x -> 1.038x, 1.034x -> 1.031x); an
 earlier probe of single stages with and without ``StorageRewrite``: outlined with it left in ran slower than not
 outlined (RandWire stage 3: 106.7 vs 87.9 us; 69.8 us without it): ``docs/bench_cpu_outlined_chains_2026-11-30.md``,
 ``docs/bench_cpu_register_tiles_2026-11-30.md``.
