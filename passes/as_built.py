@@ -130,9 +130,9 @@ def build_checked_cpu(mod: tvm.IRModule, target, result: MemoryCheckResult | Non
         return _run(passes, m, target)
 
     try:
-        from .wave.cpu_pipeline import cpu_tir_pipeline   # CPU wave kernels: without StorageRewrite
+        from .wave.cpu_pipeline import compile_with_waves
 
-        return tvm.compile(mod, target, relax_pipeline=_pipeline, tir_pipeline=cpu_tir_pipeline())
+        return compile_with_waves(mod, target, relax_pipeline=_pipeline)
     except Exception:
         if result.report is not None and not result.report.ok:
             result.report.raise_if_unsafe()

@@ -139,9 +139,9 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                                   graph_funcs=graph_functions(vs), after_kill=checks, arches=arches)
             if check_memory:
                 return build_checked_cpu(lowered, target, checked), None
-            from .wave.cpu_pipeline import cpu_tir_pipeline   # CPU wave kernels: without StorageRewrite
+            from .wave.cpu_pipeline import compile_with_waves
 
-            return tvm.compile(lowered, target, tir_pipeline=cpu_tir_pipeline()), None
+            return compile_with_waves(lowered, target), None
         except Exception:
             # the check raised inside TVM's pass infrastructure, which does not keep the exception's type
             if checked.report is not None and not checked.report.ok:

@@ -430,9 +430,9 @@ def build_profile_bundle(program: Program, target, out_dir: str, options: Bundle
         notes += report.notes
         arches = report.arches
     else:
-        from .wave.cpu_pipeline import cpu_tir_pipeline   # CPU wave kernels: without StorageRewrite
+        from .wave.cpu_pipeline import compile_with_waves
 
-        ex = tvm.compile(mod, target, tir_pipeline=cpu_tir_pipeline())
+        ex = compile_with_waves(mod, target)
     os.makedirs(out_dir, exist_ok=True)
     addons = _native_addons(target, units, notes)
     _export_bundle_library(ex, os.path.join(out_dir, LIBRARY), arches, addons)

@@ -267,10 +267,10 @@ class MeasuredCostModel(CostModel):
         if kern is None:
             kern = build_wave_kernel(self._wave_source(), [[u.name for u in g] for g in groups], self.target,
                                      form=form)
-            from ..wave.cpu_pipeline import cpu_tir_pipeline   # CPU wave kernels: without StorageRewrite
+            from ..wave.cpu_pipeline import compile_with_waves
 
-            compiled = tvm.compile(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}), self.target,
-                                   tir_pipeline=cpu_tir_pipeline())
+            compiled = compile_with_waves(tvm.IRModule({name: kern.func.with_attr("global_symbol", name)}),
+                                          self.target)
             self._add_kernels(compiled, [name])
             self.merged_builds += 1
             self._wave_kernels[name] = kern

@@ -24,8 +24,7 @@ leaves the last outlined function's debug location on the builder, and the kerne
 "!dbg attachment points at wrong subprogram"; a statement visited after the loop sets the kernel's own).
 
 Every other PrimFunc (wave kernels without marked chains included), and every non-CPU build, goes through TVM's
-default pipeline unchanged. Use
-``tvm.compile(mod, target, tir_pipeline=cpu_tir_pipeline())``.
+default pipeline unchanged. Every build of ours compiles through :func:`compile_with_waves`.
 """
 from __future__ import annotations
 
@@ -118,3 +117,10 @@ def cpu_tir_pipeline() -> str:
     if PIPELINE_NAME not in PIPELINE_MAP:
         register_tir_pipeline(PIPELINE_NAME, _factory)
     return PIPELINE_NAME
+
+
+def compile_with_waves(mod: tvm.IRModule, target, **kwargs):
+    """``tvm.compile`` through this pipeline: how our builds (``build_library``, the as-built check, the measured
+    cost model, profiling bundles) compile, so that a fused kernel's marked chains are outlined wherever it is
+    built. ``kwargs``: passed on (``relax_pipeline``)."""
+    return tvm.compile(mod, target, tir_pipeline=cpu_tir_pipeline(), **kwargs)
