@@ -8,7 +8,9 @@ medians) the worker threads ran Inception-v3 greedy 7.07 ms, the same library on
 lios with wave fusion, whose one concurrent stage left unfused made the whole program run on the workers,
 4.36 / 4.25 ms (3.97 / 3.54 ms in another run). So the never-slower guard times both for a program that wave
 fusion or merges rewrote (over the model's own kernels, the groups in order are sequential's work in another
-order: the guard's sequential stands for them). When the groups in order win, the schedule records it
+order: the guard's sequential stands for them). Wave fusion decides it earlier where its paired stage timings
+can (``passes.wave.choose``: every stage it left unfused timed no faster on the workers than in order). When the
+groups in order win, the schedule records it
 (``options["groups_in_order"]``) and a CPU build runs each concurrent stage's groups as consecutive stages of one
 group: a plan without concurrent groups, which the VM runs by default wherever the library is loaded. The
 schedule itself keeps its stages (it is what the search found, and what a GPU build runs concurrently); like

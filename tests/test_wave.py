@@ -931,3 +931,50 @@ def test_without_outlining_a_wave_kernel_builds_exactly_as_tvms_own_pipeline_bui
     inline = build_wave_kernel(program, groups, HOST, veus=2, form=wave_cpu.CHAINS)
     assert inline.mode == wave_cpu.CHAINS and wave_cpu.OUTLINE_ATTR not in inline.func.script()
     assert llvm(inline.func, cpu_tir_pipeline()) == llvm(inline.func, "default")
+
+
+def _scripted_pairs(left_on_threads: float):
+    """sim:cpu with paired timings scripted: the first fusable stage wins fused; every later one is left unfused,
+    its groups timed ``left_on_threads`` x their in-order time as scheduled (worker threads)."""
+    from tvm_interop.passes.cost import get_cost_model
+
+    cost = get_cost_model("sim:cpu")
+    calls = []
+
+    def wave_comparison(groups, strategy="concurrent"):
+        calls.append(groups)
+        fused = 0.5e-4 if len(calls) == 1 else 3e-4
+        return {"wave": fused, strategy: 2e-4 * left_on_threads, "in_order": 2e-4}
+
+    cost.wave_comparison = wave_comparison
+    return cost
+
+
+@pytest.mark.parametrize("left_on_threads", [1.0, 1.5, 0.5])
+def test_stages_wave_fusion_leaves_run_in_order_when_the_workers_were_no_faster(branchy_model, branchy_input,
+                                                                                branchy_reference, left_on_threads):
+    """One concurrent stage left unfused would put the whole CPU program on the worker threads (every kernel
+    dispatched from Python); when each stage left was timed no faster there than in order, the build runs their
+    groups in order, on the VM. When the workers were faster for one of them, the guard decides (not set here)."""
+    program = prepare_program(branchy_model, HOST, name="branchy")
+    assert len(fusable_stages(schedule_graph(program.graph, "greedy", "sim:cpu"))) >= 2
+    cm = tvm_interop.compile(branchy_model, scheduler="greedy", cost=_scripted_pairs(left_on_threads),
+                             fusion="wave", guard=False, max_memory_ratio=None)
+    try:
+        wf = cm.schedule.options["wave_fusion"]
+        assert len(wf["stages"]) == 1 and len(wf["decisions"]) >= 2
+        in_order = left_on_threads >= 1.0
+        assert bool(cm.schedule.options.get("groups_in_order")) is in_order
+        assert ("in_order" in wf) is in_order
+        assert cm.runner.executor == ("vm" if in_order else "threads")
+        assert cm.plan.max_concurrency() == (1 if in_order else max(len(cm.schedule.stages[d["stage"]].groups)
+                                                                    for d in wf["decisions"][1:]))
+        np.testing.assert_allclose(cm.run(branchy_input), branchy_reference, **TOL)
+    finally:
+        cm.close()
+    off = tvm_interop.compile(branchy_model, scheduler="greedy", cost=_scripted_pairs(left_on_threads),
+                              fusion="wave", guard=False, max_memory_ratio=None, groups_in_order=False)
+    try:   # the caller's False wins over wave fusion's choice
+        assert not off.schedule.options.get("groups_in_order") and off.runner.executor == "threads"
+    finally:
+        off.close()

@@ -205,7 +205,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     The inputs and outputs stay in the model's layout either way; ``.layout`` says what was built.
     ``groups_in_order`` (CPU): ``None`` (default) lets the never-slower guard also time a program that wave fusion
     or merges rewrote with each stage's groups run one after another, every kernel on all cores (the Relax VM
-    instead of worker threads), and build it that way when that is fastest; ``True`` builds it that way untimed;
+    instead of worker threads), and build it that way when that is fastest (wave fusion chooses it itself when
+    every stage it left unfused was timed no faster on worker threads); ``True`` builds it that way untimed;
     ``False`` never (a schedule file's choice is dropped). ``passes.in_order`` says why;
     ``schedule.options["groups_in_order"]`` records it.
     """

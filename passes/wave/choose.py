@@ -17,6 +17,7 @@ import logging
 
 from tvm_interop.runtime.errors import InteropError
 
+from ..in_order import IN_ORDER_OPTION
 from ..schedule import Schedule
 from .apply import fusable_stages
 from .lowered import NotFusable
@@ -54,12 +55,34 @@ def choose_wave_stages(graph, schedule: Schedule, cost) -> Schedule:
         decisions.append(entry)
     schedule.options["wave_fusion"] = {"stages": chosen, "decisions": decisions,
                                        "cost": getattr(cost, "name", type(cost).__name__)}
+    _left_in_order(schedule, decisions, chosen)
     if schedule.predicted_latency is not None and chosen:
         schedule.search["predicted_before_wave_fusion"] = schedule.predicted_latency
         schedule.predicted_latency = max(0.0, schedule.predicted_latency - saved)
     log.info("wave fusion: %d of %d fusable stage(s) priced faster fused under %s", len(chosen),
              len(decisions), schedule.options["wave_fusion"]["cost"])
     return schedule
+
+
+def _left_in_order(schedule: Schedule, decisions: list[dict], chosen: list[int]) -> None:
+    """Run the stages left unfused one group after another (``passes.in_order``) when every one of them was timed
+    no faster as scheduled than in order: then the build is a plan without concurrent groups, which the VM runs.
+
+    Why here and not only in the never-slower guard: one concurrent stage left in a CPU program puts the whole
+    program on the worker-thread executor, which dispatches every kernel of every stage from Python. A stage's
+    paired timing cannot see that cost, so the choice between fusing it and running it in order was priced right
+    while the program around it was not: Inception-v3's lios + wave with one of its 15 fusable stages left
+    unfused (its fused and in-order timings 1 % apart) ran 0.95x and 1.01x of sequential on the workers, the same
+    schedule with all 15 fused 1.07-1.12x on the VM (2026-11-30, ``scripts/bench_cpu.py``, guard off). Only
+    paired timings say which is faster (a local measured cost model); a stage without them (a cost table, a
+    stage that could not be fused) leaves the choice to the guard, which times the whole program both ways."""
+    left = [d for d in decisions if d["stage"] not in chosen]
+    if not left or any(not d.get("paired") or d["in_order_s"] > d["scheduled_s"] for d in left):
+        return
+    schedule.options[IN_ORDER_OPTION] = True
+    schedule.options["wave_fusion"]["in_order"] = (
+        f"{len(left)} stage(s) left unfused run their groups in order: each timed no faster on worker threads "
+        f"(stages {[d['stage'] for d in left]})")
 
 
 def _price(cost, groups, strategy: str) -> tuple[float, float, float | None]:

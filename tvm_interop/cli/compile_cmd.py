@@ -89,7 +89,7 @@ def _wave_summary(s) -> dict | None:
     return {"fusable": len(wf.get("decisions", [])), "chosen": len(wf.get("stages", [])),
             "fused": sum(1 for r in built if r.get("fused")), "cost": wf.get("cost"),
             "left_unfused": sum(len(r.get("left", [])) for r in built if r.get("fused")),
-            "restaged": wf.get("restaged")}
+            "restaged": wf.get("restaged"), "in_order": wf.get("in_order")}
 
 
 def run(args) -> int:
@@ -196,6 +196,8 @@ def run(args) -> int:
                   f"(priced by {wf['cost']}); {wf['left_unfused']} group(s) left beside their fused kernel")
             if wf["restaged"]:
                 print(f"  the choice was restaged: {wf['restaged']}")
+            if wf["in_order"]:
+                print(f"  {wf['in_order']}")
         runs_on = cm.runner.executor   # the executor a run of this library uses: its memory is the one that counts
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB{'  <- runs this library' if runs_on == 'threads' else ''}")

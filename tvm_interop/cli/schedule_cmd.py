@@ -407,6 +407,8 @@ def _report(args, sched, graph, fingerprint: str, opts: dict, load_s: float, wal
     if wf:
         print(f"wave fusion: {len(wf['stages'])} of {len(wf['decisions'])} concurrent stages priced faster fused "
               f"under {wf['cost']} (stages {wf['stages']})")
+        if wf.get("in_order"):
+            print(f"  {wf['in_order']}")
     if args.stages:
         print(sched.describe())
     if args.output:
