@@ -976,5 +976,6 @@ def test_stages_wave_fusion_leaves_run_in_order_when_the_workers_were_no_faster(
                               fusion="wave", guard=False, max_memory_ratio=None, groups_in_order=False)
     try:   # the caller's False wins over wave fusion's choice
         assert not off.schedule.options.get("groups_in_order") and off.runner.executor == "threads"
+        assert "in_order" not in off.schedule.options["wave_fusion"]
     finally:
         off.close()

@@ -420,6 +420,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
             sched.options[IN_ORDER_OPTION] = True
         else:
             sched.options.pop(IN_ORDER_OPTION, None)
+            if isinstance(sched.options.get("wave_fusion"), dict):   # wave fusion's own choice of it, overruled
+                sched.options["wave_fusion"] = {k: v for k, v in sched.options["wave_fusion"].items()
+                                                if k != "in_order"}
     plan, library = build(sched)
     timings["build"] = time.perf_counter() - t
     guard_result = None
