@@ -9,7 +9,8 @@ latency next to the measured one. Writes docs/bench_cpu.json and docs/bench_cpu.
     .venv/bin/python scripts/bench_cpu.py --models inception_v3 squeezenet googlenet randwire --repeat 15
 
 Scheduler specs are ``name`` or ``name:cost``, optionally followed by ``+wave`` (wave fusion, ``passes.wave``) and then
-``+inorder`` (the concurrent groups left run one after another on the VM, ``passes.in_order``): ``ios`` / ``lios`` use
+``+inorder`` (the concurrent groups left run one after another on the VM, ``passes.in_order``) or ``+threads`` (they
+stay on the worker threads, even where wave fusion would run them in order): ``ios`` / ``lios`` use
 the measured cost model, ``ios:learned`` the
 learned one (XGBoost trained on measured stages, with the search's picks measured; see passes.cost.learned).
 A measured-cost ios search of randwire's single 276-unit block needs hours of stage timing on this CPU, so
@@ -65,11 +66,12 @@ def machine() -> dict:
 
 WAVE = "+wave"   # spec suffix: the same scheduler with wave fusion (passes.wave) where the cost model prices it faster
 IN_ORDER = "+inorder"   # spec suffix, last: the concurrent groups left run one after another (passes.in_order)
+THREADS = "+threads"    # spec suffix, last: they stay on the worker threads (compile's groups_in_order=False)
 
 
 def _base_spec(spec: str) -> str:
-    """The spec without its ``+wave`` / ``+inorder`` suffixes."""
-    return spec.removesuffix(IN_ORDER).removesuffix(WAVE)
+    """The spec without its ``+wave`` / ``+inorder`` / ``+threads`` suffixes."""
+    return spec.removesuffix(IN_ORDER).removesuffix(THREADS).removesuffix(WAVE)
 
 
 def _cost_of(spec: str) -> tuple[str, str]:
@@ -111,7 +113,8 @@ def wave_choice(schedule) -> dict | None:
     decisions = wf.get("decisions", [])
     return {"cost": wf.get("cost"), "fusable": len(decisions), "chosen": len(wf.get("stages", [])),
             "paired": sum(1 for d in decisions if d.get("paired")),
-            "reasons": {str(d["stage"]): d.get("reason", "") for d in decisions}}
+            "reasons": {str(d["stage"]): d.get("reason", "") for d in decisions},
+            "left_in_order": wf.get("in_order")}
 
 
 TUNED = " +tuned"  # row-name suffix of the schedules built with tuned kernels
@@ -136,10 +139,12 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
                 continue
             kw = {"tuning_db": db} if db else {}
             t = time.perf_counter()
-            if spec.removesuffix(IN_ORDER).endswith(WAVE):
+            if spec.removesuffix(IN_ORDER).removesuffix(THREADS).endswith(WAVE):
                 kw["fusion"] = "wave"
             if spec.endswith(IN_ORDER):
                 kw["groups_in_order"] = True
+            if spec.endswith(THREADS):
+                kw["groups_in_order"] = False
             cm = tvm_interop.compile(mod, scheduler=s, cost=cost, cost_cache=cache_for(cache, cost), guard=False,
                                      name=name,
                                      max_memory_ratio=None, **kw)
@@ -203,7 +208,9 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
            "they balance, else one parallel region per wave (stages column: "
            "stages of the schedule; fused in brackets). `+inorder` rows: the concurrent groups left run one after "
            "another, every kernel on all cores (the Relax VM; `passes.in_order`), which the never-slower guard "
-           "ships when it times faster than the worker threads and sequential.", ""]
+           "ships when it times faster than the worker threads and sequential (a `+wave` row does so itself where every "
+           "stage it left unfused timed no faster on the workers); `+threads` rows: they stay on the worker threads.",
+           ""]
     for r in results:
         tag = f" (`{TUNED.strip()}` rows: kernels from the tuning database {r['tuning_db']})" if r["tuning_db"] else ""
         out += [f"## {r['model']}{tag} — width {r['config'].get('width')}, {r['config'].get('image_size')} px", "",

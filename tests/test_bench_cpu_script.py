@@ -38,3 +38,11 @@ def test_the_wave_choice_is_reported_per_row(branchy_model):
     assert choice["fusable"] == len(fusable_stages(sched)) > 0 and choice["paired"] == 0
     assert choice["chosen"] == len(sched.options["wave_fusion"]["stages"])
     assert set(choice["reasons"]) == {str(i) for i in fusable_stages(sched)}
+
+
+def test_scheduler_specs_name_the_fusion_and_where_the_groups_left_run():
+    bench = load_script("bench_cpu")
+    for spec in ("lios+wave", "lios+wave+inorder", "lios+wave+threads", "lios"):
+        assert bench._base_spec(spec) == "lios" and bench._cost_of(spec) == ("lios", "measured")
+    assert bench._cost_of("greedy+wave+threads") == ("greedy", "sim:cpu")
+    assert bench._base_spec("ios:learned+wave+threads") == "ios:learned"
