@@ -73,7 +73,8 @@ def _left_in_order(schedule: Schedule, decisions: list[dict], chosen: list[int])
     paired timing cannot see that cost, so the choice between fusing it and running it in order was priced right
     while the program around it was not: Inception-v3's lios + wave with one of its 15 fusable stages left
     unfused (its fused and in-order timings 1 % apart) ran 0.95x and 1.01x of sequential on the workers, the same
-    schedule with all 15 fused 1.07-1.12x on the VM (2026-11-30, ``scripts/bench_cpu.py``, guard off). Only
+    schedule with that stage's groups in order, on the VM, 1.03-1.10x in four runs; in one process the VM took
+    0.93x / 0.97x the workers' time (``docs/bench_cpu_left_in_order_2026-11-30.md``, guard off). Only
     paired timings say which is faster (a local measured cost model); a stage without them (a cost table, a
     stage that could not be fused) leaves the choice to the guard, which times the whole program both ways."""
     left = [d for d in decisions if d["stage"] not in chosen]
