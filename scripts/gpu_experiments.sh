@@ -6,16 +6,27 @@
 # and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
 # in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
 #
-#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): about 55 min on 2 cores
+#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): 75-95 min on 2 cores
 #   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
 #   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600)
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
+#
+# Measure as soon as a part is built: `build` builds the flow part in the background beside the rest, and the main
+# part ($BUILD) is ready long before it (2026-11-30: 19 min against 73). A device machine lent at the start of a
+# session may be withdrawn before the end (2026-11-30: lent at 11:00, withdrawn when the whole build was ready at
+# 12:32, nothing measured), so once `carry` names $BUILD, run it (the main part alone took 145-162 s on the device
+# on 2026-11-28, plus a minute or two to start the machine), and the flow part in a second call once it is built
+# (its run is cut at 240 s and its diff at 120 s). `run` measures what was carried, `finish` reports what came
+# back; the second call's `finish` writes only the flow reports.
 # Full size, 2026-11-28 on the 2-core dev machine: 16 min 16 s, 9.6 MiB of libraries + 12 MiB of search round
 # (inception_v3 138 s, squeezenet 70 s, randwire 259 s, nasnet_a_large 282 s of gpu_check build; the rest is the
 # seven schedule searches and the active round). With the pair probes and the search ended (2026-11-28, later):
 # 15 min 34 s, 9.9 MiB (inception_v3 147 s, squeezenet 57 s, randwire 260 s, nasnet_a_large 295 s); the same part
 # on 2026-11-28's third machine, by hand: 7 min 44 s (75, 32, 121, 151 s). The flow part then takes 25 min and its
-# diff libraries 20 min more (three flow variants, 30 MiB; see "flow" below). GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
+# diff libraries 20 min more (three flow variants, 30 MiB; see "flow" below). On 2026-11-30's (slower) EPYC host:
+# the main part 19 min (inception_v3 165 s, squeezenet 61 s, randwire 302 s, nasnet_a_large 354 s), the flow part
+# 73 min (randwire 1349 s; nasnet_a_mobile 2966 s, 11 GiB of memory at its peak while LLVM compiled the host
+# code), RandWire's diff libraries 15 min beside it; 17 MiB carried for the flow part with RandWire's diff. GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
 # part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB).
 # GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
 #
@@ -55,7 +66,9 @@
 #            and the timeout bounds what is left. Then each run's launch, plain and coarsened, against its members
 #            alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff): if a flow variant is wrong,
 #            the first unit whose output differs.
-#   active   the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
+#   active   (only when GPU_EXPERIMENTS_ACTIVE names the search directory: a new checkout would otherwise start the
+#            ended search of 2026-11-28 again, as the 2026-11-30 build did)
+#            the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
 #            twins of the picks' programs: the highest round-K in the search directory (`finish` imports it and
 #            builds round K+1; rounds 1-4 were measured on an H200 on 2026-11-28 and the search ended there, so
 #            `carry` and `run` leave it out until GPU_EXPERIMENTS_ACTIVE names a search with a round pending).
@@ -66,10 +79,11 @@ shift || true
 BUILD="${GPU_EXPERIMENTS_BUILD:-.gpu_check_exp}"
 FLOW="${GPU_EXPERIMENTS_FLOW:-.gpu_check_exp_flow}"
 FLOW_MODELS=randwire,nasnet_a_mobile
-ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-.active_nasnet_large_twins}"
+ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-}"   # e.g. .active_nasnet_large_twins (the search of 2026-11-28, ended)
 # the round a run measures: the highest-numbered round-K of the search (the one `finish` has not imported yet)
 latest_round() {
   local d best="" n max=-1
+  [ -n "$ACTIVE" ] || return 0
   for d in "$ACTIVE"/round-*; do
     n="${d##*/round-}"
     if [ -d "$d" ] && [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt "$max" ]; then max="$n"; best="$d"; fi
@@ -79,6 +93,7 @@ latest_round() {
 # the round to measure, or nothing when the search has ended (active.json's "pending" is null after the import that
 # made no new round: the NASNet-A-large search of 2026-11-28 after round 4)
 pending_round() {
+  [ -n "$ACTIVE" ] || return 0
   local a="$ACTIVE/active.json"
   if [ -f "$a" ] && "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("pending") is None else 1)' "$a"; then
     return 0
@@ -100,7 +115,21 @@ exclude() {
 
 case "$step" in
   build)
-    exclude "$BUILD"; exclude "$ACTIVE"; exclude "$FLOW"
+    exclude "$BUILD"; exclude "$FLOW"
+    # the flow part in the background (its own directory, one core: nvcc and LLVM on one huge launch each), the
+    # rest beside it; its output goes to its own log, shown when it ends
+    mkdir -p "$FLOW"
+    flow_log="$FLOW/build.log"
+    (
+      set -e
+      GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
+        --schedulers sequential,greedy,greedy+wave,greedy+flow,greedy+flow_noinline,greedy+flow_coarse --cudnn ''
+      # each flow run's launch beside its members alone (carried inside $FLOW): names the first wrong unit if any
+      "$PY" scripts/gpu_wave_diff.py build --fusion flow --models "$FLOW_MODELS" --dir "$FLOW/diff"
+    ) > "$flow_log" 2>&1 &
+    flow_pid=$!
+    trap 'kill "$flow_pid" 2>/dev/null || true' EXIT
+    echo "gpu_experiments: the flow part builds in the background (log: $flow_log)"
     S="$BUILD/schedules"
     mkdir -p "$S"
     SCHEDULES=()
@@ -121,16 +150,21 @@ case "$step" in
     # no cuDNN entries, waits and syncs as the product lowers them: the questions are about TVM's kernels
     GPU_CHECK_DIR="$BUILD" bash scripts/gpu_check.sh build --dir "$BUILD" --models "$MODELS" "${SIZE[@]}" \
       --schedulers sequential,greedy,lios,ios --cudnn '' --waits stage-start --sync tvm "${SCHEDULES[@]}" "$@"
-    if [ ! -f "$ACTIVE/active.json" ]; then
-      "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" \
-        -o "$ACTIVE/shipped.json" || [ -d "$ACTIVE/round-1" ]
+    if [ -n "$ACTIVE" ]; then
+      exclude "$ACTIVE"
+      if [ ! -f "$ACTIVE/active.json" ]; then
+        "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" \
+          -o "$ACTIVE/shipped.json" || [ -d "$ACTIVE/round-1" ]
+      fi
+      [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
     fi
-    [ -d "$ACTIVE/round-1" ] || { echo "gpu_experiments: $ACTIVE/round-1 was not made" >&2; exit 1; }
-    GPU_CHECK_DIR="$FLOW" bash scripts/gpu_check.sh build --dir "$FLOW" --models "$FLOW_MODELS" "${SIZE[@]}" \
-      --schedulers sequential,greedy,greedy+wave,greedy+flow,greedy+flow_noinline,greedy+flow_coarse --cudnn ''
-    # each flow run's launch beside its members alone (carried inside $FLOW): names the first wrong unit if any
-    "$PY" scripts/gpu_wave_diff.py build --fusion flow --models "$FLOW_MODELS" --dir "$FLOW/diff"
-    du -sh "$BUILD" "$ACTIVE" "$FLOW"
+    echo "gpu_experiments: $BUILD is built; carry it now: $("$0" carry) (the flow part is still building)"
+    flow_status=0
+    wait "$flow_pid" || flow_status=$?
+    trap - EXIT
+    cat "$flow_log"
+    [ "$flow_status" -eq 0 ] || { echo "gpu_experiments: the flow part failed (exit $flow_status)" >&2; exit 1; }
+    du -sh "$BUILD" "$FLOW" ${ACTIVE:+"$ACTIVE"}
     echo "carry: $("$0" carry)"
     ;;
   carry)
@@ -150,7 +184,7 @@ case "$step" in
       echo "gpu_experiments: measuring $ROUND"
       GPU_CHECK_DIR="$BUILD" OUT="$O/active" bash scripts/gpu_check.sh profile-round "$ROUND" || status=1
     else
-      echo "gpu_experiments: the active search in $ACTIVE has no round to measure (ended, or not carried)"
+      echo "gpu_experiments: no active search round to measure (GPU_EXPERIMENTS_ACTIVE unset, the search ended, or its round not carried)"
     fi
     # the direct-launch twins of greedy and ios beside their graphs: are kernels launched by the host (paced at its
     # launch rate) slowed less by their neighbours than the same kernels released together by a graph?
@@ -186,6 +220,7 @@ case "$step" in
         --out "docs/${NAME}_sim_transfer.json"
     fi
     if [ -f "$F/active/costs.json" ]; then
+      [ -n "$ACTIVE" ] || { echo "gpu_experiments: $F/active/costs.json came back; set GPU_EXPERIMENTS_ACTIVE to the search it measured" >&2; exit 2; }
       "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
         -o "$ACTIVE/shipped.json"
     fi
