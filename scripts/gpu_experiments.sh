@@ -6,7 +6,7 @@
 # and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
 # in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
 #
-#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): 75-95 min on 2 cores
+#   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): its longest part 73 min on 2 cores
 #   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
 #   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600)
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
@@ -83,7 +83,6 @@ ACTIVE="${GPU_EXPERIMENTS_ACTIVE:-}"   # e.g. .active_nasnet_large_twins (the se
 # the round a run measures: the highest-numbered round-K of the search (the one `finish` has not imported yet)
 latest_round() {
   local d best="" n max=-1
-  [ -n "$ACTIVE" ] || return 0
   for d in "$ACTIVE"/round-*; do
     n="${d##*/round-}"
     if [ -d "$d" ] && [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt "$max" ]; then max="$n"; best="$d"; fi
