@@ -247,3 +247,26 @@ def test_and_and_or_short_circuit_as_in_c():
     assert out.tolist() == [0, 0, 3, 3, 2, 2, 2, 2]
     with pytest.raises(simt.EmulationError, match="outside its 8 elements"):
         emu.launch("unguarded", [x, np.zeros(8, "float32")])
+
+
+def test_shared_memory_readers_are_tracked_per_element():
+    """The bookkeeping behind the write-after-read check, against a per-element count: an element read by one warp
+    may be rewritten by that warp before the next barrier, one read by several warps by none; random accesses of
+    1-4 warps, thread-ordered as the interpreter makes them."""
+    from tvm_interop.passes.simt import memory
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        warps = np.sort(rng.integers(0, rng.integers(1, 5), rng.integers(1, 160)))
+        idx = rng.integers(0, 40, len(warps))
+        got = np.broadcast_to(memory._readers(idx, warps), idx.shape)
+        want = [next(iter(s)) if len(s) == 1 else -2
+                for s in ({int(w) for w, j in zip(warps, idx) if j == i} for i in idx)]
+        assert got.tolist() == want
+    st = memory.Storage.make("s", "shared", np.zeros(8, "float32"))
+    blk = memory.Block(0, 64, np.arange(64))
+    memory._shared_race(st, np.array([1, 2, 2]), np.array([0, 0, 1]), 0, True, "s", "f", blk)
+    memory._shared_race(st, np.array([1]), np.array([0]), 0, False, "s", "f", blk)   # its only reader rewrites it
+    with pytest.raises(simt.EmulationError, match="read by another warp"):
+        memory._shared_race(st, np.array([2]), np.array([0]), 0, False, "s", "f", blk)
+    memory._shared_race(st, np.array([2]), np.array([1]), 1, False, "s", "f", blk)   # after a barrier: fine

@@ -148,20 +148,23 @@ def select_value(c, t, f):
 
 
 def access(ctx: Ctx, st: Storage, i: np.ndarray, mask, value, name: str, fname: str):
-    """Load (``value is None``) or store ``i`` of ``st`` for the active lanes, with the bounds and race checks."""
+    """Load (``value is None``) or store ``i`` of ``st`` for the active lanes, with the bounds and race checks.
+
+    Most accesses have every thread of the block active (masks come only from ``if``/``while``), so that case
+    skips the masking: the same checks on the whole index array, without the boolean selections."""
     blk = ctx.blk
-    mask = full_mask(mask, blk.threads)
     n = st.data.shape[-1]
+    if mask is True or (isinstance(mask, np.ndarray) and mask.all()):
+        return _access_all(blk, st, i, n, value, name, fname)
+    mask = full_mask(mask, blk.threads)
     m2 = mask[:, None] if i.ndim == 2 else mask
     active = np.broadcast_to(m2, i.shape)
     bad = active & ((i < 0) | (i >= n))
     if bad.any():
-        lane = int(np.argwhere(bad)[0][0])
-        raise EmulationError(f"{fname}: thread {lane} of block {blk.index} accesses {name}[{int(i[bad][0])}], "
-                             f"outside its {n} elements")
+        _out_of_bounds(bad, i, n, name, fname, blk)
     safe = np.where(active, i, 0)
     if st.scope == "local":
-        rows = np.broadcast_to(np.arange(blk.threads)[:, None] if i.ndim == 2 else np.arange(blk.threads), i.shape)
+        rows = _rows(blk, i)
         if value is None:
             return st.data[rows, safe]
         v = np.broadcast_to(np.asarray(value, st.data.dtype), i.shape)
@@ -181,6 +184,47 @@ def access(ctx: Ctx, st: Storage, i: np.ndarray, mask, value, name: str, fname: 
     return None
 
 
+def _access_all(blk: Block, st: Storage, i: np.ndarray, n: int, value, name: str, fname: str):
+    """:func:`access` with every thread active: the index array as it is, flattened in thread order."""
+    if i.size and (i.min() < 0 or i.max() >= n):
+        _out_of_bounds((i < 0) | (i >= n), i, n, name, fname, blk)
+    if st.scope == "local":
+        rows = _rows(blk, i)
+        if value is None:
+            return st.data[rows, i]
+        st.data[rows, i] = value
+        return None
+    idx = i.reshape(-1)
+    if st.scope == "shared":
+        warp = blk.lane // WARP
+        warps = (np.repeat(warp, i.shape[1]) if i.ndim == 2 else warp)
+        _shared_race(st, idx, warps, blk.epoch, value is None, name, fname, blk)
+    else:
+        _global_race(st, idx, value is None, name, fname, blk)
+    if value is None:
+        return st.data[i]
+    st.data[idx] = np.broadcast_to(np.asarray(value, st.data.dtype), i.shape).reshape(-1)
+    return None
+
+
+_ROWS: dict[tuple, np.ndarray] = {}
+
+
+def _rows(blk: Block, i: np.ndarray) -> np.ndarray:
+    """The thread (row of a ``local`` allocation) of every element of the index array ``i`` (read-only; one array
+    per shape, since every block numbers its threads alike)."""
+    rows = _ROWS.get(i.shape)
+    if rows is None:
+        rows = _ROWS[i.shape] = np.broadcast_to(blk.lane[:, None] if i.ndim == 2 else blk.lane, i.shape)
+    return rows
+
+
+def _out_of_bounds(bad, i, n, name, fname, blk):
+    lane = int(np.argwhere(bad)[0][0])
+    raise EmulationError(f"{fname}: thread {lane} of block {blk.index} accesses {name}[{int(i[bad][0])}], "
+                         f"outside its {n} elements")
+
+
 def _missing_barrier(clash, warps, idx, verb: str, other: str, name, fname, blk):
     if clash.any():
         raise EmulationError(f"{fname}: block {blk.index}: a thread of warp {int(warps[clash][0])} {verb} "
@@ -193,22 +237,29 @@ def _shared_race(st, idx, warps, epoch, is_read, name, fname, blk):
         clash = (st.w_epoch[idx] == epoch) & (st.w_warp[idx] != warps)
         _missing_barrier(clash, warps, idx, "reads", "written by another warp", name, fname, blk)
         # readers of this epoch: one warp, or -2 when several (per element read, not per element of the buffer)
-        touched, which = np.unique(idx, return_inverse=True)
-        lo = np.full(len(touched), np.iinfo(np.int64).max)
-        hi = np.full(len(touched), -1)
-        np.minimum.at(lo, which, warps)
-        np.maximum.at(hi, which, warps)
-        same_epoch = st.r_epoch[touched] == epoch
-        prev = st.r_warp[touched]
-        new = np.where(lo == hi, lo, -2)
-        merged = np.where(same_epoch & (prev != new), -2, new)
-        st.r_warp[touched] = merged
-        st.r_epoch[touched] = epoch
+        new = _readers(idx, warps)
+        prev = st.r_warp[idx]
+        st.r_warp[idx] = np.where((st.r_epoch[idx] == epoch) & (prev != new), -2, new)
+        st.r_epoch[idx] = epoch
     else:
         clash = (st.r_epoch[idx] == epoch) & (st.r_warp[idx] != warps)
         _missing_barrier(clash, warps, idx, "writes", "read by another warp", name, fname, blk)
         st.w_epoch[idx] = epoch
         st.w_warp[idx] = warps
+
+
+def _readers(idx: np.ndarray, warps: np.ndarray):
+    """For every element of ``idx``: the one warp that reads it in this access, or -2 when several do (when its
+    smallest and largest reader differ). ``warps`` never decreases along ``idx`` (index arrays are in thread
+    order), so when its ends agree a single warp made the whole access, the common case of small blocks."""
+    if not len(warps) or warps[0] == warps[-1]:
+        return warps[0] if len(warps) else warps
+    lo = np.full(int(idx.max()) + 1, np.iinfo(np.int64).max)
+    hi = np.full(len(lo), -1)
+    np.minimum.at(lo, idx, warps)
+    np.maximum.at(hi, idx, warps)
+    lo, hi = lo[idx], hi[idx]
+    return np.where(lo == hi, lo, -2)
 
 
 def _global_race(st, idx, is_read, name, fname, blk):
