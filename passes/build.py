@@ -47,7 +47,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
                   target: "str | tvm.target.Target" = "llvm", max_streams: int = 8, mode: str | None = None,
                   cuda_graph: bool = False, check_memory: bool = True, candidates: bool | None = None,
                   cuda_arches: list[str] | None = None, sync: str = "tvm",
-                  unfused: "tuple[Program, Schedule] | None" = None):
+                  unfused: "tuple[Program, Schedule] | None" = None, fused_by: str = "wave"):
     """Lower and compile; returns the TVM VM executable (call ``.export_library(path)`` to deploy).
 
     CUDA targets go through ``passes.cuda_build`` (nvcc, DLight schedules, the CUDA-graph variant when
@@ -58,9 +58,9 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     measurement (``passes.candidates``, ``runtime.picker``). ``cuda_arches``: the arches the kernels are compiled
     for (default: the target's), recorded for the runtime's arch check. ``sync="events"`` (CUDA): streams are
     ordered with events reused for the life of the loaded model (the native extension, linked into the export)
-    instead of TVM's per-call event. ``unfused``: for a program that wave fusion rewrote, the (program, schedule)
-    it rewrote; the candidates then include that schedule unfused (``passes.candidates``), whose kernels the
-    fused program's module still holds. What was decided (streams, CUDA graph and why not,
+    instead of TVM's per-call event. ``unfused``: for a program that ``fused_by`` (``"wave"`` or ``"flow"``
+    fusion) rewrote, the (program, schedule) it rewrote; the candidates then include that schedule unfused
+    (``passes.candidates``), whose kernels the fused program's module still holds. What was decided (streams, CUDA graph and why not,
     the candidates, the memory check) is recorded in ``plan.meta`` before the plan is embedded.
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
@@ -113,7 +113,7 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     def lower_all():
         return lower_variants(program, schedule, target, max_streams, mode, cuda_graph, candidates,
                               graph_ok if is_cuda else None, sync=sync if is_cuda else "tvm",
-                              unfused=unfused if candidates else None)
+                              unfused=unfused if candidates else None, fused_by=fused_by)
 
     variants = lower_all()
     checked = MemoryCheckResult()

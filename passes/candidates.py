@@ -9,8 +9,8 @@ runtime (``runtime.picker``) times them interleaved on the device and runs the f
 * the schedule in the compiled mode (the library's ``main``, unprefixed functions),
 * the schedule in the other synchronisation mode (prefix ``alt__``), when it has concurrency,
 * sequential: the same units one after another on the caller's stream (prefix ``seq__``),
-* for a schedule with wave-fused stages (``passes.wave``), the same schedule unfused, in both modes (prefixes
-  ``unfused__`` and ``unfused_alt__``), and sequential over the unfused units. Which one wins depends on the
+* for a schedule with wave-fused stages (``passes.wave``) or flow launches (``passes.wave.flow``), the same schedule
+  unfused, in both modes (prefixes ``unfused__`` and ``unfused_alt__``), and sequential over the unfused units. Which one wins depends on the
   device and on CUDA graphs: on 2026-11-27, with graphs, NASNet-A-mobile's greedy schedule ran faster unfused in
   dependency mode than as waves (H100 1.307 against 1.496 ms, H200 1.292 against 1.409), while without graphs
   the waves were 1.57-1.86x faster than any multi-stream variant (H100), and before that day's waits fix they
@@ -37,6 +37,8 @@ OTHER_MODE_PREFIX = "alt__"
 UNFUSED_PREFIX = "unfused__"
 UNFUSED_OTHER_MODE_PREFIX = "unfused_alt__"
 WAVE = "wave"
+FLOW = "flow"
+FUSIONS = (WAVE, FLOW)   # what may have rewritten a candidate's program (``Variant.fusion``)
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Variant:
     scheduler: str
     mode: str
     lowered: Lowered
-    fusion: str | None = None    # "wave": the schedule's fused stages run as one kernel each
+    fusion: str | None = None    # "wave": fused stages run as one kernel each; "flow": runs of stages as one launch
 
     @property
     def sequential(self) -> bool:
@@ -83,12 +85,12 @@ def sequential_schedule(schedule: Schedule) -> Schedule:
 
 def lower_variants(program: Program, schedule: Schedule, target, max_streams: int, mode: str, cuda_graph: bool,
                    with_alternatives: bool, graph_ok=None, sync: str = "tvm",
-                   unfused: "tuple[Program, Schedule] | None" = None) -> list[Variant]:
+                   unfused: "tuple[Program, Schedule] | None" = None, fused_by: str = WAVE) -> list[Variant]:
     """The primary lowering (unprefixed: ``main`` runs it) and, with ``with_alternatives``, the other mode and
     sequential. ``graph_ok(lowered) -> (bool, reason)`` decides whether a graph variant is kept (a lowering whose
-    graph cannot be captured is redone without it). ``unfused``: the (program, schedule) that wave fusion
-    rewrote into ``program, schedule``; with alternatives, its lowerings join the library (see the module), and
-    the sequential candidate runs its units, the model's own kernels."""
+    graph cannot be captured is redone without it). ``unfused``: the (program, schedule) that ``fused_by`` (wave or
+    flow fusion) rewrote into ``program, schedule``; with alternatives, its lowerings join the library (see the
+    module), and the sequential candidate runs its units, the model's own kernels."""
     if mode not in MODES:
         raise InteropError(f"unknown synchronisation mode {mode!r}; use one of {MODES}")
     other = [m for m in MODES if m != mode][0]
@@ -104,7 +106,9 @@ def lower_variants(program: Program, schedule: Schedule, target, max_streams: in
                 low.cuda_graph_reason = why
         return low
 
-    fusion = WAVE if unfused is not None else None
+    if fused_by not in FUSIONS:
+        raise InteropError(f"unknown fusion {fused_by!r}; expected one of {FUSIONS}")
+    fusion = fused_by if unfused is not None else None
     variants = [Variant("", schedule.scheduler, mode, lower(program, schedule, mode, "", STREAM_CACHE_INDEX), fusion)]
 
     def add(prefix, prog, sched, m, fused, scheduler=None) -> Variant:

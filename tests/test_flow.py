@@ -375,6 +375,78 @@ def test_cuda_library_with_flow_runs_builds():
 
 
 @needs_nvcc
+def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and_streams():
+    """``compile(fusion="flow")``: the library's default program runs the flow launches; beside it the same schedule
+    unfused in both modes and sequential, every one through the as-built memory check, so a device where the flow
+    launches lose (unmeasured so far) picks another program of the same library."""
+    mod = get_model("squeezenet", **small_config("squeezenet"))
+    cm = tvm_interop.compile(mod, target=CUDA, scheduler="greedy", cost="sim:h100", fusion="flow", name="squeezenet")
+    try:
+        meta, s = cm.plan.meta, cm.schedule
+        names = [c["name"] for c in meta["candidates"]]
+        assert names[0].startswith("greedy+flow-") and meta["default_candidate"].startswith("greedy+flow-")
+        assert {c["fusion"] for c in meta["candidates"]} == {"flow", None}
+        assert "greedy-stage-direct" in names and "greedy-dependency-graph" in names
+        assert names[-2:] == ["sequential-direct", "sequential-graph"]
+        assert meta["memory_check"].startswith("as-built")
+        assert s.options["flow_fusion"] is True   # saved with the schedule: compile(schedule=...) fuses it again
+        runs = [r for r in s.options["flow"] if r["units"]]
+        assert runs and all(r["members"] >= 2 and r["tasks"] > 0 for r in runs)
+        assert all(r["reasons"] for r in s.options["flow"] if not r["units"])   # each stage left out says why
+    finally:
+        cm.close()
+
+
+def test_flow_fusion_of_a_cpu_build_is_refused_before_any_work(branchy_model):
+    import time
+
+    t = time.perf_counter()
+    with pytest.raises(tvm_interop.InteropError, match="persistent CUDA launches.*not CUDA"):
+        tvm_interop.compile(branchy_model, target="llvm", fusion="flow")
+    assert time.perf_counter() - t < 10
+
+
+@needs_nvcc
+def test_a_schedule_cannot_be_both_wave_and_flow_fused(branchy_model):
+    """A schedule file whose stages were chosen for wave fusion, compiled with flow launches as well: refused with
+    both named, not a build that silently drops one of them."""
+    from tvm_interop.passes.schedulers import schedule_graph as search
+
+    program = prepare_program(branchy_model, normalize_target(CUDA), name="branchy")
+    sched = search(program.graph, "greedy", "sim:h100")
+    sched.options["wave_fusion"] = {"stages": [i for i, st in enumerate(sched.stages) if len(st.groups) > 1][:1]}
+    sched.options[F.FLOW_OPTION] = True
+    with pytest.raises(tvm_interop.InteropError, match="wave-fused stages and asks for flow launches"):
+        tvm_interop.compile(branchy_model, target=CUDA, schedule=sched, name="branchy")
+
+
+def test_cli_fusions_exclude_each_other(capsys):
+    from tvm_interop.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["compile", "squeezenet", "--target", "cuda", "--wave-fusion", "--flow-fusion"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@needs_nvcc
+@pytest.mark.ci
+def test_cli_flow_fusion_summary_and_its_schedule_file_rebuild_the_launches(tmp_path, capsys):
+    from tvm_interop.cli import main
+
+    sj = tmp_path / "s.json"
+    assert main(["compile", "squeezenet", "--width", "0.125", "--image-size", "32", "--target", CUDA,
+                 "--scheduler", "greedy", "--cost", "sim:h100", "--flow-fusion", "--schedule-out", str(sj),
+                 "--json"]) == 0
+    ff = json.loads(capsys.readouterr().out)["flow_fusion"]
+    assert ff["runs"] >= 1 and ff["launches"] >= 2 * ff["runs"] and ff["stages_fused"] >= ff["runs"]
+    cm = tvm_interop.compile("squeezenet", target=CUDA, width=0.125, image_size=32, schedule=str(sj))
+    try:
+        assert cm.plan.meta["default_candidate"].startswith("greedy+flow-")
+    finally:
+        cm.close()
+
+
+@needs_nvcc
 @pytest.mark.parametrize("name", ["squeezenet", pytest.param("inception_v3", marks=pytest.mark.ci)])
 def test_compiled_shared_memory_is_one_pool_of_the_largest_subroutines_size(name, tmp_path):
     """The subroutines declare no shared memory of their own (CUDA would lay every device function's arrays side

@@ -186,9 +186,15 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     ``candidates`` (default: on for GPU targets): the library also carries the schedule in the other
     synchronisation mode and sequential, each direct and as a CUDA graph; on the device the fastest is picked
     by measurement at the first run (or by ``tvm-interop pick``): a GPU library never runs slower than
-    sequential for lack of a choice. With ``fusion="wave"`` they also include the schedule unfused, in both
-    modes (whether the waves pay depends on the device and on CUDA graphs). The CPU keeps the compile-time guard
-    (``guard``).
+    sequential for lack of a choice. With ``fusion="wave"`` or ``"flow"`` they also include the schedule
+    unfused, in both modes (whether the fused stages pay depends on the device and on CUDA graphs). The CPU keeps
+    the compile-time guard (``guard``).
+    ``fusion``: ``None`` / ``"none"`` (default), ``"wave"`` (Rammer's wave fusion, CPU and CUDA: each stage that
+    the cost model prices faster fused runs its groups as one kernel, ``passes.wave``) or ``"flow"`` (CUDA: every
+    run of consecutive stages that can share a launch runs as one persistent launch whose blocks wait only for
+    their producers, ``passes.wave.flow``; the stages that cannot join a run, and why, are in
+    ``schedule.options["flow"]``). Flow launches are not priced by any cost model yet: the device's picker
+    decides between them and the unfused candidates.
     ``fleet``: a started ``passes.fleet.Fleet`` (devices behind an RPC tracker): timed costs (``measured``,
     ``learned``) time their stages on its devices, and the never-slower guard runs there (on by default with a
     fleet), instead of on this machine.
@@ -218,6 +224,7 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     from tvm_interop.passes.schedule import Schedule
     from tvm_interop.passes.schedulers import schedule_graph
     from tvm_interop.passes.wave import apply_wave_fusion, wave_stages
+    from tvm_interop.passes.wave.flow import FLOW_OPTION, apply_flow_fusion, flow_requested
 
     if fusion not in FUSIONS:
         raise InteropError(f"unknown fusion {fusion!r}; choose one of {', '.join(repr(f) for f in FUSIONS)}")
@@ -271,6 +278,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         raise InteropError(f"groups_in_order runs a CPU schedule's concurrent groups one after another instead of on "
                            f"worker threads; the target {target_text!r} runs them on streams (its library's "
                            "candidates include sequential, picked by measurement on the device)")
+    if fusion == "flow" and device_kind != "cuda":
+        raise InteropError(f"fusion='flow' runs a schedule's stages as persistent CUDA launches; the target "
+                           f"{target_text!r} is not CUDA (fusion='wave' fuses a CPU's stages)")
     if cuda_graph is None:
         cuda_graph = device_kind == "cuda"
     from tvm_interop.passes.cost.table import spec_for_build
@@ -369,6 +379,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if fusion == "wave":
             sched = _choose_waves(sched, program, cost, cost_model, device_kind, target, target_text, cost_cache,
                                   batch_size, fleet)
+        elif fusion == "flow":   # every run of stages that can share a launch, built as one (``build`` below)
+            sched.options[FLOW_OPTION] = True
     finally:
         if cost_model is not None:
             cost_model.close()
@@ -400,12 +412,21 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         base = base or program
         prog, run_s = apply_merges(base, s, target=target) if has_merges(s) else (base, s)
         fused_stages = wave_stages(s)
-        unfused = None
+        unfused, fused_by = None, "wave"
+        if fused_stages and flow_requested(s):
+            raise InteropError("the schedule has wave-fused stages and asks for flow launches: a stage is fused "
+                               "one way or the other (compile it with fusion='wave' or fusion='flow', not both)")
         if fused_stages:   # wave fusion, like the merges, rewrites the program that is built
             fused_prog, fused_s, _ = apply_wave_fusion(prog, run_s, target, stages=fused_stages)
             s.options["waves"] = fused_s.options.get("waves", [])
             if fused_prog is not prog:   # the device picks between the waves and the same schedule unfused
                 unfused = (prog, run_s)
+            prog, run_s = fused_prog, fused_s
+        elif flow_requested(s):   # runs of whole stages as one persistent launch each (passes.wave.flow)
+            fused_prog, fused_s, _ = apply_flow_fusion(prog, run_s, target)
+            s.options["flow"] = fused_s.options.get("flow", [])
+            if fused_prog is not prog:   # the device picks between the flow launches and the schedule unfused
+                unfused, fused_by = (prog, run_s), "flow"
             prog, run_s = fused_prog, fused_s
         if device_kind == "cpu" and runs_groups_in_order(s):   # after merges and waves (they name its stages)
             run_s = in_order(run_s)
@@ -413,7 +434,8 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
                                                     "target": target_text, "device": device_kind, "mode": mode})
         return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
-                                candidates=candidates, cuda_arches=arches, sync=sync, unfused=unfused)
+                                candidates=candidates, cuda_arches=arches, sync=sync, unfused=unfused,
+                                fused_by=fused_by)
 
     if groups_in_order is not None and device_kind == "cpu":
         if groups_in_order:
@@ -529,7 +551,7 @@ def _implementation_times(cost) -> tuple[dict | None, str | None]:
     return (times(), getattr(cost, "clock", None)) if callable(times) else (None, None)
 
 
-FUSIONS = (None, "none", "wave")
+FUSIONS = (None, "none", "wave", "flow")
 
 
 def _choose_waves(sched, program, cost, cost_model, device_kind, target, target_text, cost_cache, batch_size, fleet):

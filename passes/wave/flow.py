@@ -536,6 +536,16 @@ def splice_flows(program, kernels: list[FlowKernel], name_prefix: str = "") -> t
     return mod, names, zero_names
 
 
+# ``Schedule.options`` key: the schedule's runs of stages are to be built as flow launches (``compile(fusion="flow")``
+# sets it; a saved schedule keeps it, so ``compile(schedule=...)`` builds the same launches)
+FLOW_OPTION = "flow_fusion"
+
+
+def flow_requested(schedule: Schedule) -> bool:
+    """Whether a build of ``schedule`` fuses its runs of stages into flow launches (:data:`FLOW_OPTION`)."""
+    return bool(schedule.options.get(FLOW_OPTION))
+
+
 def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = "", inline: bool = True,
                       coarsen: bool = False):
     """Fuse every run of consecutive stages that can share a flow launch (CUDA targets only); ``inline=False``

@@ -36,9 +36,14 @@ def register(sub) -> None:
     p.add_argument("--tuning-db", default=None, help="use MetaSchedule-tuned kernels from this database "
                    "(written by `tvm-interop tune`)")
     p.add_argument("--schedule", default=None, help="use this schedule JSON instead of running a scheduler")
-    p.add_argument("--wave-fusion", action="store_true",
-                   help="compile each concurrent stage that the cost model prices faster fused into one kernel "
-                        "(Rammer's wave fusion: one parallel region per wave on a CPU, one launch on a GPU)")
+    fuse = p.add_mutually_exclusive_group()
+    fuse.add_argument("--wave-fusion", action="store_true",
+                      help="compile each concurrent stage that the cost model prices faster fused into one kernel "
+                           "(Rammer's wave fusion: one parallel region per wave on a CPU, one launch on a GPU)")
+    fuse.add_argument("--flow-fusion", action="store_true",
+                      help="CUDA: compile every run of consecutive stages that can share a launch as one persistent "
+                           "launch whose blocks wait only for their producers; the library keeps the schedule "
+                           "unfused beside it, and the device's picker runs the faster")
     p.add_argument("--units", default="tvm", choices=["tvm", "cudnn", "auto"],
                    help="CUDA: run convolutions / dense layers as TVM kernels (tvm, default) or as cuDNN / cuBLAS "
                         "calls (cudnn: every one the libraries compute exactly; auto: per unit, the faster by "
@@ -92,6 +97,18 @@ def _wave_summary(s) -> dict | None:
             "restaged": wf.get("restaged"), "in_order": wf.get("in_order")}
 
 
+def _flow_summary(s) -> dict | None:
+    """What flow fusion did: the runs of stages built as one launch each, and the stages left as scheduled."""
+    if not s.options.get("flow_fusion"):
+        return None
+    records = s.options.get("flow", [])
+    runs = [r for r in records if r.get("units")]
+    return {"runs": len(runs), "stages_fused": sum(len(r["stages"]) for r in runs),
+            "launches": sum(r.get("members", 0) for r in runs), "blocks": sum(r.get("tasks", 0) for r in runs),
+            "stages_left": sum(len(r["stages"]) for r in records if not r.get("units")),
+            "reasons": sorted({why for r in records for why in r.get("reasons", [])})}
+
+
 def run(args) -> int:
     import tvm_interop
     from tvm_interop.runtime.cpu_threads import kernel_threads
@@ -103,7 +120,8 @@ def run(args) -> int:
                                  image_size=args.image_size, width=args.width, max_streams=args.max_streams,
                                  tuning_db=args.tuning_db, candidates=args.candidates, cuda_arch=args.arch,
                                  guard={"auto": None, "on": True, "off": False}[args.guard], fleet=fleet,
-                                 fusion="wave" if args.wave_fusion else None, units=args.units, tf32=args.tf32,
+                                 fusion="wave" if args.wave_fusion else "flow" if args.flow_fusion else None,
+                                 units=args.units, tf32=args.tf32,
                                  sync=args.sync, layout=args.layout, max_memory_ratio=args.max_memory_ratio,
                                  groups_in_order={"auto": None, "on": True, "off": False}[args.groups_in_order])
         fleet_report = fleet.report() if fleet is not None else None
@@ -141,6 +159,7 @@ def run(args) -> int:
         "guard": None if cm.guard is None else {**cm.guard.to_json(), "device": s.search.get("guard_device")},
         "fleet": fleet_report,
         "wave_fusion": _wave_summary(s),
+        "flow_fusion": _flow_summary(s),
         "memory_bound": None if cm.memory is None else cm.memory.to_json(),
         "kernel_threads": kernel_threads() if "llvm" in str(cm.target) else None,
         "library_units": None if cm.offload is None else cm.offload.to_json(),
@@ -198,6 +217,11 @@ def run(args) -> int:
                 print(f"  the choice was restaged: {wf['restaged']}")
             if wf["in_order"]:
                 print(f"  {wf['in_order']}")
+        if summary["flow_fusion"] is not None:
+            ff = summary["flow_fusion"]
+            print(f"flow fusion: {ff['runs']} run(s) of {ff['stages_fused']} stage(s) in one launch each "
+                  f"({ff['launches']} kernel launches, {ff['blocks']} blocks); {ff['stages_left']} stage(s) left as "
+                  "scheduled (the reasons are in the schedule file)")
         runs_on = cm.runner.executor   # the executor a run of this library uses: its memory is the one that counts
         print(f"activation memory, threads executor's buffers (its own plan for this schedule): "
               f"{cm.plan.storage_bytes() / 2**20:.2f} MiB{'  <- runs this library' if runs_on == 'threads' else ''}")
