@@ -92,6 +92,14 @@ case "$step" in
     runtime_kit
     exec python3 scripts/gpu_wave_diff.py run --out "${OUT:-gpu_check_out}/wave_diff" "$@"
     ;;
+  e2e)
+    # the user's path: libraries written by `tvm-interop compile` (DIR/MODEL_tvm.so and MODEL_cudnn.so /
+    # MODEL_flow.so beside it) loaded with TVM's runtime only, picked, timed and checked against the TVM-kernel
+    # library (scripts/gpu_e2e_check.py; carry DIR and the build's directory, whose runtime kit this uses)
+    runtime_kit
+    [ $# -ge 1 ] || { echo "usage: scripts/gpu_check.sh e2e DIR [--models a,b]" >&2; exit 2; }
+    exec python3 scripts/gpu_e2e_check.py --out "${OUT:-gpu_check_out}/e2e" "$@"
+    ;;
   tuning-round)
     # one round of CUDA tuning candidates (`tvm-interop tune MODEL --target cuda --bundle DIR`, carry DIR and the
     # build's directory for its runtime kit) timed here; then `tvm-interop tune MODEL --db DB --import` the file
@@ -119,7 +127,7 @@ case "$step" in
     exec "$PY" scripts/gpu_check.py report "$@"
     ;;
   *)
-    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | tuning-round BUNDLE_DIR | profile-round BUNDLE_DIR | report RESULT.json [MORE.json ...] [--name N]" >&2
+    echo "usage: scripts/gpu_check.sh build [--models a,b] [--width W] ... | run [--repeat N] | diagnose [--runs N] | wave-diff MODEL... | e2e DIR [--models a,b] | tuning-round BUNDLE_DIR | profile-round BUNDLE_DIR | report RESULT.json [MORE.json ...] [--name N]" >&2
     exit 2
     ;;
 esac

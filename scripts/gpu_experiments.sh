@@ -66,6 +66,10 @@
 #            and the timeout bounds what is left. Then each run's launch, plain and coarsened, against its members
 #            alone (scripts/gpu_wave_diff.py --fusion flow, built into $FLOW/diff): if a flow variant is wrong,
 #            the first unit whose output differs.
+#   e2e      issue 15: what `compile(fusion="flow")` ships (`tvm-interop compile squeezenet --target cuda
+#            --flow-fusion`: the flow launches and, beside them, the schedule unfused and sequential), loaded with
+#            TVM's runtime only next to the same model compiled without it ($BUILD/e2e): does the picker choose the
+#            flow launches, and do they compute what the TVM-kernel library computes (scripts/gpu_e2e_check.py)?
 #   active   (only when GPU_EXPERIMENTS_ACTIVE names the search directory: a new checkout would otherwise start the
 #            ended search of 2026-11-28 again, as the 2026-11-30 build did)
 #            the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
@@ -149,6 +153,11 @@ case "$step" in
     # no cuDNN entries, waits and syncs as the product lowers them: the questions are about TVM's kernels
     GPU_CHECK_DIR="$BUILD" bash scripts/gpu_check.sh build --dir "$BUILD" --models "$MODELS" "${SIZE[@]}" \
       --schedulers sequential,greedy,lios,ios --cudnn '' --waits stage-start --sync tvm "${SCHEDULES[@]}" "$@"
+    # the user's path with flow launches (the e2e part): the CLI's libraries, TVM kernels and --flow-fusion
+    mkdir -p "$BUILD/e2e"
+    "${TI[@]}" compile squeezenet "${SIZE[@]}" --target cuda --scheduler greedy --quiet -o "$BUILD/e2e/squeezenet_tvm.so"
+    "${TI[@]}" compile squeezenet "${SIZE[@]}" --target cuda --scheduler greedy --flow-fusion --quiet \
+      -o "$BUILD/e2e/squeezenet_flow.so"
     if [ -n "$ACTIVE" ]; then
       exclude "$ACTIVE"
       if [ ! -f "$ACTIVE/active.json" ]; then
@@ -196,6 +205,10 @@ case "$step" in
     else
       echo "gpu_experiments: $BUILD was not carried (no manifest): its experiments are left out"
     fi
+    if [ -f "$BUILD/manifest.json" ] && [ -f "$BUILD/e2e/squeezenet_flow.so" ]; then
+      GPU_CHECK_DIR="$BUILD" OUT="$O" timeout 120 bash scripts/gpu_check.sh e2e "$BUILD/e2e" --models squeezenet \
+        || status=1
+    fi
     if [ -f "$FLOW/manifest.json" ]; then
       GPU_CHECK_DIR="$FLOW" OUT="$O/flow" timeout "${GPU_EXPERIMENTS_FLOW_TIMEOUT:-240}" bash scripts/gpu_check.sh run \
         --repeat 50 --warmup 5 --pick-rounds 0 --no-kernel-profile || status=1
@@ -222,6 +235,9 @@ case "$step" in
       [ -n "$ACTIVE" ] || { echo "gpu_experiments: $F/active/costs.json came back; set GPU_EXPERIMENTS_ACTIVE to the search it measured" >&2; exit 2; }
       "${TI[@]}" schedule nasnet_a_large "${SIZE[@]}" --target cuda --active "$ACTIVE" --import "$F/active/costs.json" \
         -o "$ACTIVE/shipped.json"
+    fi
+    if [ -f "$F/e2e/e2e.json" ]; then
+      cp "$F/e2e/e2e.json" "docs/${NAME}_e2e.json"
     fi
     if [ -f "$F/flow/gpu_check.json" ]; then
       bash scripts/gpu_check.sh report "$F/flow/gpu_check.json" --name "${NAME}_flow"

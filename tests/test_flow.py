@@ -393,6 +393,7 @@ def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and
         runs = [r for r in s.options["flow"] if r["units"]]
         assert runs and all(r["members"] >= 2 and r["tasks"] > 0 for r in runs)
         assert all(r["reasons"] for r in s.options["flow"] if not r["units"])   # each stage left out says why
+        assert cm.gpu_estimate() is None   # the program model prices no flow launch (it would read it as one kernel)
     finally:
         cm.close()
 

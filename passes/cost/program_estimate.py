@@ -9,7 +9,8 @@ runs' variants within 3.8-10.2 % (median per run, worst 21-37 %; ``scripts/gpu_c
 learns what to expect of each candidate program the library carries: the schedule in both synchronisation modes
 and sequential, each launched directly and as a CUDA graph.
 
-Only where that model was validated: an sm_90 target, TVM kernels (no cuDNN / cuBLAS units, no wave-fused stages).
+Only where that model was validated: an sm_90 target, TVM kernels (no cuDNN / cuBLAS units, no wave-fused stages,
+no flow launches: a flow launch is one unit to this model, priced as if its members were one kernel).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def estimate_programs(program, schedule, target: str, max_streams: int = 8) -> d
     if not arches or not set(arches) <= set(ARCHES):
         return None
     if any(c.is_library for c in program.calls.values()) or any(st.strategy == "wave" for st in schedule.stages):
+        return None
+    if any(run.get("units") for run in schedule.options.get("flow") or []):
         return None
     model = ProgramCostModel(get_cost_model(FITTED_PRESET), load_fitted(), max_streams=max_streams,
                              timing_number=0)
