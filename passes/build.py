@@ -60,8 +60,9 @@ def build_library(program: Program, schedule: Schedule, plan: ExecutionPlan,
     ordered with events reused for the life of the loaded model (the native extension, linked into the export)
     instead of TVM's per-call event. ``unfused``: for a program that ``fused_by`` (``"wave"`` or ``"flow"``
     fusion) rewrote, the (program, schedule) it rewrote; the candidates then include that schedule unfused
-    (``passes.candidates``), whose kernels the fused program's module still holds. What was decided (streams, CUDA graph and why not,
-    the candidates, the memory check) is recorded in ``plan.meta`` before the plan is embedded.
+    (``passes.candidates``), whose kernels the fused program's module still holds. What was decided (streams,
+    CUDA graph and why not, the candidates, the memory check) is recorded in ``plan.meta`` before the plan is
+    embedded.
     """
     from .as_built import MemoryCheckResult, build_checked_cpu, memory_check_pass
     from .candidates import describe, graph_functions, lower_variants, merge_modules

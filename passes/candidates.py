@@ -9,10 +9,11 @@ runtime (``runtime.picker``) times them interleaved on the device and runs the f
 * the schedule in the compiled mode (the library's ``main``, unprefixed functions),
 * the schedule in the other synchronisation mode (prefix ``alt__``), when it has concurrency,
 * sequential: the same units one after another on the caller's stream (prefix ``seq__``),
-* for a schedule with wave-fused stages (``passes.wave``) or flow launches (``passes.wave.flow``), the same schedule
-  unfused, in both modes (prefixes ``unfused__`` and ``unfused_alt__``), and sequential over the unfused units. Which one wins depends on the
-  device and on CUDA graphs: on 2026-11-27, with graphs, NASNet-A-mobile's greedy schedule ran faster unfused in
-  dependency mode than as waves (H100 1.307 against 1.496 ms, H200 1.292 against 1.409), while without graphs
+* for a schedule with wave-fused stages (``passes.wave``) or flow launches (``passes.wave.flow``), the same
+  schedule unfused, in both modes (prefixes ``unfused__`` and ``unfused_alt__``), and sequential over the unfused
+  units. Which one wins depends on the device and on CUDA graphs: on 2026-11-27, with graphs, NASNet-A-mobile's
+  greedy schedule ran faster unfused in dependency mode than as waves (H100 1.307 against 1.496 ms, H200 1.292
+  against 1.409), while without graphs
   the waves were 1.57-1.86x faster than any multi-stream variant (H100), and before that day's waits fix they
   were the fastest with graphs too (H200),
 

@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    wrong = [f"{n} {k}" for n, r in result.items() for k, v in r.items() if isinstance(v, dict) and v.get("ok") is False]
+    wrong = [f"{n} {k}" for n, r in result.items() for k, v in r.items()
+             if isinstance(v, dict) and v.get("ok") is False]
     if wrong:
         print("outputs differ from the TVM-kernel build:", ", ".join(wrong), flush=True)
     return 1 if wrong else 0
