@@ -13,9 +13,8 @@ runtime (``runtime.picker``) times them interleaved on the device and runs the f
   schedule unfused, in both modes (prefixes ``unfused__`` and ``unfused_alt__``), and sequential over the unfused
   units. Which one wins depends on the device and on CUDA graphs: on 2026-11-27, with graphs, NASNet-A-mobile's
   greedy schedule ran faster unfused in dependency mode than as waves (H100 1.307 against 1.496 ms, H200 1.292
-  against 1.409), while without graphs
-  the waves were 1.57-1.86x faster than any multi-stream variant (H100), and before that day's waits fix they
-  were the fastest with graphs too (H200),
+  against 1.409), while without graphs the waves were 1.57-1.86x faster than any multi-stream variant (H100), and
+  before that day's waits fix they were the fastest with graphs too (H200),
 
 each with direct launches and, where TVM can capture it, as a CUDA graph. What the library holds is described
 in ``plan.meta["candidates"]`` (see :class:`Variant`), which ``runtime`` reads; nothing here is needed at run time.
