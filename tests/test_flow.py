@@ -394,6 +394,8 @@ def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and
         assert runs and all(r["members"] >= 2 and r["tasks"] > 0 for r in runs)
         assert all(r["reasons"] for r in s.options["flow"] if not r["units"])   # each stage left out says why
         assert cm.gpu_estimate() is None   # the program model prices no flow launch (it would read it as one kernel)
+        mem = cm.memory_report()   # against the model's own sequential program, not the flow program's main
+        assert mem["scheduled_bytes"] > mem["sequential_bytes"] > 0   # every member's output stays alive
     finally:
         cm.close()
 

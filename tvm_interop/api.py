@@ -124,11 +124,12 @@ class CompiledModel:
         return [rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in self.runner.inputs]
 
     def memory_report(self) -> dict:
-        """Activation memory (bytes) of the scheduled program vs the sequential one, from TVM's memory plan."""
+        """Activation memory (bytes) of the program built vs the model's own sequential program (before merges or
+        fusion rewrote it), from TVM's memory plan."""
         from tvm_interop.passes.as_built import memory_report
 
         return memory_report(self.built_program or self.program, self.built_schedule or self.schedule, self.target,
-                             mode=self.runner.mode, max_streams=self.max_streams)
+                             mode=self.runner.mode, max_streams=self.max_streams, baseline=self.program)
 
     def gpu_estimate(self) -> dict | None:
         """What each candidate program of a CUDA build is expected to take on an H100-class GPU with TVM's default
@@ -194,7 +195,9 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
     run of consecutive stages that can share a launch runs as one persistent launch whose blocks wait only for
     their producers, ``passes.wave.flow``; the stages that cannot join a run, and why, are in
     ``schedule.options["flow"]``). Flow launches are not priced by any cost model yet: the device's picker
-    decides between them and the unfused candidates.
+    decides between them and the unfused candidates. A flow launch keeps every member's output alive (no two
+    blocks may share storage), so ``max_memory_ratio`` does not bound it: ``memory_report()`` compares it with the
+    model's sequential program (full-size SqueezeNet, one launch: 16.7 MiB against 6.1 MiB).
     ``fleet``: a started ``passes.fleet.Fleet`` (devices behind an RPC tracker): timed costs (``measured``,
     ``learned``) time their stages on its devices, and the never-slower guard runs there (on by default with a
     fleet), instead of on this machine.
