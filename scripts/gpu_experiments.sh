@@ -70,6 +70,8 @@
 #            --flow-fusion`: the flow launches and, beside them, the schedule unfused and sequential), loaded with
 #            TVM's runtime only next to the same model compiled without it ($BUILD/e2e): does the picker choose the
 #            flow launches, and do they compute what the TVM-kernel library computes (scripts/gpu_e2e_check.py)?
+#            (2026-11-30, full size: the two libraries built in 25 s and 57 s, 12.6 MiB; SqueezeNet's greedy
+#            schedule, 31 stages, became one launch of 39 kernels and 16,472 blocks)
 #   active   (only when GPU_EXPERIMENTS_ACTIVE names the search directory: a new checkout would otherwise start the
 #            ended search of 2026-11-28 again, as the 2026-11-30 build did)
 #            the next round of an active device search on NASNet-A-large whose bundles have the dependency-mode
