@@ -292,6 +292,17 @@ def test_a_cpu_target_is_refused():
 
 
 @needs_nvcc
+def test_a_schedule_over_several_gpus_is_refused():
+    """hios places units on several devices; one flow launch runs on one GPU, so such a schedule is refused by name
+    instead of being fused across devices with its mapping dropped."""
+    program, target = _program("squeezenet")
+    sched = schedule_graph(program.graph, "sequential", "sim:h100")
+    sched.unit_devices = {u: i % 2 for i, u in enumerate(sched.unit_order())}
+    with pytest.raises(ScheduleError, match=r"devices \[0, 1\] \(hios\)"):
+        F.apply_flow_fusion(program, sched, target)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("name", ["squeezenet"] + [pytest.param(n, marks=pytest.mark.ci)
                                                    for n in ("randwire", "nasnet_a_mobile", "inception_v3")])
 def test_zoo_flow_kernels_compile_and_the_program_passes_the_as_built_check(name):

@@ -562,6 +562,10 @@ def apply_flow_fusion(program, schedule: Schedule, target, name_prefix: str = ""
     if target.kind.name != "cuda":
         raise ScheduleError(f"flow fusion builds one persistent CUDA launch; the target is {target.kind.name}")
     schedule.validate(program.graph)
+    devices = sorted(set(schedule.unit_devices.values()))
+    if len(devices) > 1:   # a run is one launch on one GPU; the schedule would lose its mapping silently
+        raise ScheduleError(f"flow fusion builds one launch per run on one GPU; this schedule places its units on "
+                            f"devices {devices} (hios): build it without flow launches")
     records, cache = plan_flow_runs(program, schedule, target)
     kernels, runs = [], []
     for rec in records:
