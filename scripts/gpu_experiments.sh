@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The open GPU questions of issues 12 and 15, built here from committed code in one command and measured in one
-# call of the device tool.
+# call of the device tool per line that `carry` prints (two since 2026-11-30: the tool's 64 MiB includes the
+# working tree).
 #
 # Why a script: a session's checkout (and the ignored builds in it) does not always survive to the next session,
 # and a session is lent a GPU only now and then. Builds prepared by hand were lost that way; this rebuilds them
 # in one command, so a session that draws a GPU spends its device minutes measuring, not rebuilding by hand.
 #
 #   scripts/gpu_experiments.sh build            # here (TVM's compiler + nvcc, no GPU): its longest part 73 min on 2 cores
-#   scripts/gpu_experiments.sh carry            # prints the paths to carry (one line, JSON)
-#   scripts/gpu_experiments.sh run              # there, in one device call (timeout_s 600)
+#   scripts/gpu_experiments.sh carry            # prints the paths to carry: one JSON line per device call
+#   scripts/gpu_experiments.sh run              # there, once per line of `carry` (timeout_s 600 each)
 #   scripts/gpu_experiments.sh finish FILES_AT  # here: the reports into docs/ and the search's next round
 #
 # Measure as soon as a part is built: `build` builds the flow part in the background beside the rest, and the main
@@ -181,10 +182,45 @@ case "$step" in
     # only what was built here (a new checkout keeps none of it): each build once its manifest exists
     ROUND="$(pending_round)"
     parts=()
-    [ ! -f "$BUILD/manifest.json" ] || parts+=("\"$BUILD\"")
-    [ -z "$ROUND" ] || parts+=("\"$ROUND\"")
-    [ ! -f "$FLOW/manifest.json" ] || parts+=("\"$FLOW\"")
-    (IFS=,; echo "[${parts[*]:-}]" | sed 's/,/, /g')
+    [ ! -f "$BUILD/manifest.json" ] || parts+=("$BUILD")
+    [ -z "$ROUND" ] || parts+=("$ROUND")
+    [ ! -f "$FLOW/manifest.json" ] || parts+=("$FLOW")
+    # the device tool's limit (64 MiB) counts the working tree that travels with what is carried (2026-11-30: a
+    # 16.5 MiB tree, 23 MiB main part, 30 MiB flow part with both diffs: over it together), so the parts are
+    # packed into calls that each fit, in order; one line per call. Call them back to back: an idle machine is
+    # handed back after 30 s
+    "$PY" - "${parts[@]}" <<'PY'
+import json, os, subprocess, sys
+
+LIMIT = 64 << 20
+MARGIN = 1 << 20   # what the tool adds besides the files (and files written before the call)
+
+
+def size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+               if not os.path.islink(os.path.join(d, f)))
+
+
+files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True,
+                       check=True).stdout.decode().split("\0")
+room = LIMIT - MARGIN - sum(size(f) for f in files if f and os.path.isfile(f))
+calls, cur, used = [], [], 0
+for part in sys.argv[1:]:
+    n = size(part)
+    if cur and used + n > room:
+        calls.append(cur)
+        cur, used = [], 0
+    if n > room:
+        print(f"gpu_experiments: {part} ({n / 2**20:.1f} MiB) does not fit in one call beside the working tree "
+              f"({room / 2**20:.1f} MiB left of 64)", file=sys.stderr)
+    cur.append(part)
+    used += n
+calls.append(cur)
+for c in calls:
+    print(json.dumps(c))
+PY
     ;;
   run)
     O="${OUT:-gpu_experiments_out}"

@@ -1,5 +1,6 @@
 """scripts/gpu_experiments.sh: what a device call carries (each build once its manifest exists, as a new checkout
-has none), with an active search pending, ended or absent."""
+has none), with an active search pending, ended or absent, and in as many calls as the device tool's 64 MiB
+(working tree included) needs."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ def _carry(active: str, build: str) -> list[str]:
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_experiments.sh"), "carry"], env=env,
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    (line,) = out.splitlines()   # small builds: one call
+    return json.loads(line)
 
 
 def _built(path) -> str:
@@ -58,3 +60,32 @@ def test_carry_adds_the_flow_build_once_it_is_built(tmp_path):
     assert carry() == [b, str(tmp_path / "flow")]
     os.remove(os.path.join(b, "manifest.json"))
     assert carry() == [str(tmp_path / "flow")]   # the flow build alone (a new checkout that built only it)
+
+
+def test_carry_splits_the_builds_into_calls_that_fit_the_device_tools_limit(tmp_path):
+    """64 MiB per call, the working tree that travels included: two builds that do not fit together go in two
+    calls, in order (sparse files: their apparent size is what travels)."""
+    b, flow = _built(tmp_path / "build_dir"), _built(tmp_path / "flow")
+    for d, mib in ((b, 20), (flow, 30)):
+        with open(os.path.join(d, "libs.so"), "wb") as f:
+            f.truncate(mib << 20)
+    env = dict(os.environ, GPU_EXPERIMENTS_ACTIVE=str(tmp_path / "absent"), GPU_EXPERIMENTS_BUILD=b,
+               GPU_EXPERIMENTS_FLOW=flow)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+
+    def calls():
+        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_experiments.sh"), "carry"], env=env,
+                             capture_output=True, text=True, check=True, cwd=ROOT).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    tree = sum(os.path.getsize(os.path.join(ROOT, f)) for f in subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True,
+        cwd=ROOT).stdout.decode().split("\0") if f and os.path.isfile(os.path.join(ROOT, f)))
+    if tree + (50 << 20) > (63 << 20):
+        assert calls() == [[b], [flow]]
+    else:   # a checkout small enough for both: grow the flow build past the limit
+        with open(os.path.join(flow, "libs.so"), "wb") as f:
+            f.truncate((63 << 20) - tree)
+        assert calls() == [[b], [flow]]
+    os.remove(os.path.join(flow, "libs.so"))
+    assert calls() == [[b, flow]]
