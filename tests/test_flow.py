@@ -386,7 +386,7 @@ def test_cuda_library_with_flow_runs_builds():
 
 
 @needs_nvcc
-def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and_streams():
+def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and_streams(tmp_path):
     """``compile(fusion="flow")``: the library's default program runs the flow launches; beside it the same schedule
     unfused in both modes and sequential, every one through the as-built memory check, so a device where the flow
     launches lose (unmeasured so far) picks another program of the same library."""
@@ -407,6 +407,13 @@ def test_compile_with_flow_fusion_lets_the_device_pick_between_flow_launches_and
         assert cm.gpu_estimate() is None   # the program model prices no flow launch (it would read it as one kernel)
         mem = cm.memory_report()   # against the model's own sequential program, not the flow program's main
         assert mem["scheduled_bytes"] > mem["sequential_bytes"] > 0   # every member's output stays alive
+        from tvm_interop.library_info import describe_library, library_summary
+
+        cm.export(str(tmp_path / "m.so"))   # what `tvm-interop show` reads from the file
+        summary, plan = library_summary(str(tmp_path / "m.so"))
+        (f,) = [u for u in summary["fused_units"] if u["fusion"] == "flow"][:1]
+        assert f["launches"] == runs[0]["members"] and f["blocks"] == runs[0]["tasks"]
+        assert f"{f['unit']}: one flow launch running {f['stages']} stage(s)" in describe_library(summary, plan)
     finally:
         cm.close()
 

@@ -584,6 +584,8 @@ def test_cuda_wave_library_lets_the_device_pick_between_waves_and_streams(branch
                          "greedy-dependency-direct", "greedy-dependency-graph", "sequential-direct",
                          "sequential-graph"]
         assert meta["default_candidate"] == "greedy+wave-graph"
+        fused = [u for u in meta["fused_units"] if u["fusion"] == "wave"]   # what `tvm-interop show` lists
+        assert fused and all(u["groups"] >= 2 for u in fused)
         assert meta["memory_check"].startswith("as-built")   # every candidate, the unfused ones included
         streams = {c["streams_function"] for c in meta["candidates"]}
         assert len(streams) == 4   # one stream set per lowering

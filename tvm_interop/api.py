@@ -434,8 +434,12 @@ def compile(model, target: str = "llvm", scheduler: str = "greedy", cost=None, *
         if device_kind == "cpu" and runs_groups_in_order(s):   # after merges and waves (they name its stages)
             run_s = in_order(run_s)
         built.update(program=prog, schedule=run_s)
-        p = make_plan(prog, run_s, mode=mode, meta={"model": model_name, "scheduler": s.scheduler,
-                                                    "target": target_text, "device": device_kind, "mode": mode})
+        meta = {"model": model_name, "scheduler": s.scheduler, "target": target_text, "device": device_kind,
+                "mode": mode}
+        fused_units = _fused_units(run_s)
+        if fused_units:   # what `tvm-interop show` says of the library's fused kernels
+            meta["fused_units"] = fused_units
+        p = make_plan(prog, run_s, mode=mode, meta=meta)
         return p, build_library(prog, run_s, p, target, max_streams=max_streams, mode=mode, cuda_graph=cuda_graph,
                                 candidates=candidates, cuda_arches=arches, sync=sync, unfused=unfused,
                                 fused_by=fused_by)
@@ -555,6 +559,16 @@ def _implementation_times(cost) -> tuple[dict | None, str | None]:
 
 
 FUSIONS = (None, "none", "wave", "flow")
+
+
+def _fused_units(built_schedule) -> list[dict]:
+    """The fused kernels of a built schedule, for the library's record: each wave-fused stage's kernel and each flow
+    launch, with what it holds (the schedule's records, ``options["waves"]`` / ``options["flow"]``)."""
+    out = [{"unit": r["unit"], "fusion": "wave", "stage": r["stage"], "groups": len(r["fused"]),
+            "left": len(r["left"])} for r in built_schedule.options.get("waves", []) if r.get("fused")]
+    out += [{"unit": r["unit"], "fusion": "flow", "stages": len(r["stages"]), "launches": r["members"],
+             "blocks": r["tasks"]} for r in built_schedule.options.get("flow", []) if r.get("units")]
+    return out
 
 
 def _choose_waves(sched, program, cost, cost_model, device_kind, target, target_text, cost_cache, batch_size, fleet):

@@ -27,6 +27,7 @@ def library_summary(path: str) -> tuple[dict, ExecutionPlan]:
         "cuda_graph": meta.get("cuda_graph"), "units": len(plan.calls), "stages": len(plan.stages),
         "max_concurrency": plan.max_concurrency(),
         "candidates": [c["name"] for c in candidates], "default_candidate": meta.get("default_candidate"),
+        "fused_units": meta.get("fused_units") or [],
         "pick": None,
     }
     report = read_pick_file(path)
@@ -54,6 +55,13 @@ def describe_library(summary: dict, plan: ExecutionPlan | None = None) -> str:
     if s["candidates"]:
         head.append(f"  candidate programs ({len(s['candidates'])}, the device picks the fastest at first run or with "
                     f"`tvm-interop pick`; default {s['default_candidate']}): {', '.join(s['candidates'])}")
+    for f in s.get("fused_units") or []:
+        if f["fusion"] == "flow":
+            head.append(f"  {f['unit']}: one flow launch running {f['stages']} stage(s) of the schedule "
+                        f"({f['launches']} kernel launches, {f['blocks']} blocks, each waiting only for its producers)")
+        else:
+            left = f", {f['left']} group(s) beside it" if f["left"] else ""
+            head.append(f"  {f['unit']}: stage {f['stage']}'s {f['groups']} groups as one wave-fused kernel{left}")
     pick = s["pick"]
     if pick is not None:
         state = "" if pick["current"] else " — written for another build of this library, ignored at load"
