@@ -77,6 +77,7 @@ from tvm_interop.passes.cost.program_fit import (
     program_key,
     table_stage_samples,
 )
+from tvm_interop.runtime.errors import InteropError
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "gpu-data", "h100-2026-11-22")
 TABLES = {"inception_v3": ["costs_inception_v3_r2s3b8.json", "costs_inception_v3_r3s4b16.json.xz"],
@@ -372,10 +373,10 @@ def build_stage_samples(data_dir: str, data: Data) -> list[Sample]:
     return out
 
 
-def base_params() -> ProgramCostParams:
+def base_params(data: Data | None = None) -> ProgramCostParams:
     base = ProgramCostParams().replace(**FIXED_AT).replace(host_keepalive_v1=9.8e-6, timing_floor=10e-6)
     base.interference.update(FIXED_INTERFERENCE)
-    return base
+    return base.replace(**dict(getattr(data, "set_params", ()) or ()))
 
 
 def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
@@ -384,7 +385,7 @@ def _fit(data: Data, idx: list[int], iters: int, starts: int, tag: str):
     # groups (like the unit latencies every fold uses), never a whole-program measurement
     samples = [data.samples[i] for i in idx] + list(data.stage_samples)
     scaled = sorted({s.group for s in samples if data.group_source[s.group] == "sim"})
-    base = base_params()
+    base = base_params(data)
     start_list = [base.replace(fill_items=5e5, host_kernel=6e-6, host_keepalive=3e-6, host_keepalive_v1=5e-6,
                                kernel_scale=1.1, timing_floor=5e-6)][:starts - 1]
     t0 = time.perf_counter()
@@ -887,6 +888,37 @@ def _version5_section(data: Data) -> list[str]:
             "the 2026-11-22 table models 9.4 % / 28 %, the 2026-11-26 run 9.4 % / 32 %, worse than without.\n"]
 
 
+def _tried_after_v6_section() -> list[str]:
+    """Two sharing mechanisms simulated and fitted after version 6 (2026-11-30), and why neither shipped. Static:
+    the code that simulated them was not kept (the numbers are those runs' own)."""
+    return [
+        "## Tried after version 6, not shipped (2026-11-30)\n",
+        "The H200 kernel timelines of Inception-v3 (`docs/gpu_check_h200_2026-11-27_timelines.md`) put the kernels' "
+        "summed device time at 7.10-7.34 ms in the direct programs and 7.09-7.15 ms in the dependency-mode "
+        "CUDA-graph programs, against 7.00 ms in the sequential one, while the stage-mode CUDA-graph programs summed "
+        "7.64-8.63 ms: kernels grow where one event releases a stage's branches inside a graph at one moment. The model's worst Inception-v3 misses lie on that split: held out, `greedy + CUDA graph` -22 % "
+        "(`fixed`) and -27 % (`d26`), against -1 % and -8 % for `greedy` direct. Two mechanisms were simulated in "
+        "`passes.cost.program._device` and fitted with this script (`--set dispatch_order=1,corun_loss=1.0 "
+        "--also-fit corun_loss`, then `--set corun_loss=0.5 --also-fit corun_loss`; same data, `--iters 30 --starts "
+        "1`):\n",
+        "* **Arrival-order dispatch.** An oversubscribed device serves the running kernels by start time, then by "
+        "host issue time (a stage's branches released by one event start in the order the host issued them), and "
+        "kernels with one start and one issue time (a stage's branches inside a graph) share in proportion at "
+        "1 / (1 + `corun_loss`). Fitted `corun_loss` 0.21. Held out: 2026-11-22 table models 10.3 % / 33 %, "
+        "2026-11-26 run 10.4 % / 29 %, NASNet-A-large 22.6 % / 233 %; Inception-v3 in-sample 3.5 % / 28 % "
+        "(shipped 6.0 % / 25 %).\n",
+        "* **Proportional sharing as shipped, with `corun_loss` for kernels started and issued together only.** "
+        "Fitted 0.085. Held out: 8.2 % / 27 % and 7.4 % / 27 %, NASNet-A-large's worst 61 % (shipped 23 %).\n",
+        "Neither is better held out, so neither shipped. The two H100 dates disagree on the effect: on 2026-11-26 "
+        "Inception-v3's held-out errors are -6 % to -17 % on every variant (its sequential programs -10 %) but "
+        "`greedy + CUDA graph`, -27 %, which runs 1.20x its direct twin; on 2026-11-22, whose avg_pool kernels took about 50x their 2026-11-26 time (median unit "
+        "ratio of the two dates' tables; convolutions 1.00-1.01x), the graph runs 1.23x its direct twin for "
+        "`greedy` but 0.75x for `ios (dependency)`. A parameter per co-started launch cannot follow both; telling "
+        "what does needs the kernel timelines of the disagreeing variants on one device (`scripts/gpu_check.sh` "
+        "timelines), which this session's machine did not have.\n",
+    ]
+
+
 def _version6_section(data: Data, ev: dict, summary: dict) -> list[str]:
     """What version 6 changed (program_deep_factor) and what it did to the held-out error, next to versions 4-5."""
     p: ProgramCostParams = ev["all"].params
@@ -1132,6 +1164,7 @@ def render_md(data: Data, ev: dict, summary: dict, command: str, seconds: float)
     L += _version4_section(ev, summary)
     L += _version5_section(data)
     L += _version6_section(data, ev, summary)
+    L += _tried_after_v6_section()
     L.append("## Errors: |predicted / measured − 1|, median / worst\n")
     L.append("*held-out*: the model's variants predicted by parameters fitted without any of that model's "
              "whole-program measurements (leave-one-model-out; every fold fits on all cost tables' stages too, see "
@@ -1235,6 +1268,8 @@ def main(argv=None) -> int:
                     help="also fit these interference entries (victim<-aggressor unit classes; an experiment)")
     ap.add_argument("--also-fit", default="", metavar="NAME,...",
                     help="also fit these parameters (fixed or left at their defaults otherwise; an experiment)")
+    ap.add_argument("--set", default="", metavar="NAME=VALUE,...",
+                    help="start (or fix) these parameters at these values (an experiment)")
     args = ap.parse_args(argv)
     if args.quick:
         args.iters, args.starts = 10, 1
@@ -1253,6 +1288,12 @@ def main(argv=None) -> int:
                 pickle.dump(data, f)
     log(f"{len(data.records)} variants reproduced ({sum(c['ok'] for c in data.checks)} schedule shapes match the runs)")
     data.also_fit = tuple(k.strip() for k in args.also_fit.split(",") if k.strip())
+    try:
+        data.set_params = tuple((k.strip(), float(v)) for k, v in
+                                (kv.split("=", 1) for kv in args.set.split(",") if kv.strip()))
+        base_params(data)
+    except (ValueError, InteropError) as e:
+        raise SystemExit(f"--set {args.set!r}: {e} (expected NAME=VALUE,...)") from None
     data.fit_interference = tuple(k.strip() for k in args.fit_interference.split(",") if k.strip())
     data.stage_samples = [] if args.no_stages else build_stage_samples(args.data, data)
     log(f"{len(data.stage_samples)} table stages as table-protocol samples")
