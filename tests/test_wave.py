@@ -365,12 +365,13 @@ def test_the_cut_member_s_iterations_go_to_the_unit_the_chains_leave_short():
 def test_every_cpu_form_of_a_fused_stage_equals_plain_tvm():
     """The forms ``cpu_forms`` offers for Inception-v3's lios stages, forced (``apply_wave_fusion(forms=...)``)
     so that every form is built at least once, cut chains included: the records name the forms built and the
-    program computes what plain TVM computes. (Width 0.25 at 149 px: the smallest config found whose kernels
-    have parallel loops, so a one-kernel member can be cut.)"""
+    program computes what plain TVM computes. (Width 0.5 at 149 px: its cuts are offered for the AVX2 and the
+    AVX-512 targets alike (znver3, znver4, skylake-avx512: the unit graph and the kernels' loops follow the
+    target); width 0.25 offered none on znver4.)"""
     from tvm_interop.passes.wave.apply import fusion_program
     from tvm_interop.passes.wave.kernel import wave_forms
 
-    mod, x, ref = zoo_case("inception_v3", width=0.25, image_size=149)
+    mod, x, ref = zoo_case("inception_v3", width=0.5, image_size=149)
     program = prepare_program(mod, HOST, name="inception_v3")
     sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
     fused_source = fusion_program(program, HOST)   # what apply_wave_fusion fuses: the weights repacked at build
@@ -871,7 +872,8 @@ def test_whole_chains_are_outlined_with_their_tiles_in_the_library_that_ships():
     hoist the tiles out of it: memory instead of registers), none receives one tensor through two pointers
     (all its pointers are ``noalias``: LLVM moved a consumer's loads above its producer's stores when a chain's
     producer output and consumer input came in separately), and the program equals plain TVM. The stages are
-    those where the aliasing computed wrong numbers (stage 7 of this schedule) and the two widest."""
+    the two widest and, of the others, the one with the longest chain: where the aliasing computed wrong numbers
+    (groups of 1, 4 and 6 units on znver3, 1, 4 and 7 on znver4: the unit graph follows the target)."""
     import re
 
     from tvm_interop.passes.wave import cpu as wave_cpu
@@ -882,8 +884,9 @@ def test_whole_chains_are_outlined_with_their_tiles_in_the_library_that_ships():
     program, x, ref = _zoo("inception_v3")
     sched = schedule_graph(program.graph, "lios", "sim:cpu", model_name="inception_v3")
     stages = sorted(fusable_stages(sched), key=lambda i: -len(sched.stages[i].groups))[:2]
-    stages += [i for i in fusable_stages(sched) if [len(g) for g in sched.stages[i].groups] == [1, 4, 6]]
-    assert len(stages) == 3, stages
+    rest = [i for i in fusable_stages(sched) if i not in stages]
+    stages.append(max(rest, key=lambda i: max(len(g) for g in sched.stages[i].groups)))
+    assert max(len(g) for g in sched.stages[stages[2]].groups) >= 6, [sched.stages[i].groups for i in stages]
     kernels = {}
     for i, stage in enumerate(stages):
         groups = [list(g) for g in sched.stages[stage].groups]
