@@ -896,11 +896,12 @@ def _tried_after_v6_section() -> list[str]:
         "The H200 kernel timelines of Inception-v3 (`docs/gpu_check_h200_2026-11-27_timelines.md`) put the kernels' "
         "summed device time at 7.10-7.34 ms in the direct programs and 7.09-7.15 ms in the dependency-mode "
         "CUDA-graph programs, against 7.00 ms in the sequential one, while the stage-mode CUDA-graph programs summed "
-        "7.64-8.63 ms: kernels grow where one event releases a stage's branches inside a graph at one moment. The model's worst Inception-v3 misses lie on that split: held out, `greedy + CUDA graph` -22 % "
-        "(`fixed`) and -27 % (`d26`), against -1 % and -8 % for `greedy` direct. Two mechanisms were simulated in "
-        "`passes.cost.program._device` and fitted with this script (`--set dispatch_order=1,corun_loss=1.0 "
-        "--also-fit corun_loss`, then `--set corun_loss=0.5 --also-fit corun_loss`; same data, `--iters 30 --starts "
-        "1`):\n",
+        "7.64-8.63 ms: kernels grow where one event releases a stage's branches inside a graph at one moment. The "
+        "model's worst Inception-v3 misses lie on that split: held out, `greedy + CUDA graph` -22 % (`fixed`) and "
+        "-27 % (`d26`), against -1 % and -8 % for `greedy` direct. Two mechanisms were simulated by a patch to "
+        "`passes.cost.program._device` (two more parameters, not kept) and fitted with this script "
+        "(`--set dispatch_order=1,corun_loss=1.0 --also-fit corun_loss`, then `--set corun_loss=0.5 --also-fit "
+        "corun_loss`; same data, `--iters 30 --starts 1`):\n",
         "* **Arrival-order dispatch.** An oversubscribed device serves the running kernels by start time, then by "
         "host issue time (a stage's branches released by one event start in the order the host issued them), and "
         "kernels with one start and one issue time (a stage's branches inside a graph) share in proportion at "
@@ -911,8 +912,9 @@ def _tried_after_v6_section() -> list[str]:
         "Fitted 0.085. Held out: 8.2 % / 27 % and 7.4 % / 27 %, NASNet-A-large's worst 61 % (shipped 23 %).\n",
         "Neither is better held out, so neither shipped. The two H100 dates disagree on the effect: on 2026-11-26 "
         "Inception-v3's held-out errors are -6 % to -17 % on every variant (its sequential programs -10 %) but "
-        "`greedy + CUDA graph`, -27 %, which runs 1.20x its direct twin; on 2026-11-22, whose avg_pool kernels took about 50x their 2026-11-26 time (median unit "
-        "ratio of the two dates' tables; convolutions 1.00-1.01x), the graph runs 1.23x its direct twin for "
+        "`greedy + CUDA graph`, -27 %, which runs 1.20x its direct twin; on 2026-11-22, whose avg_pool kernels "
+        "took about 50x their 2026-11-26 time (median unit ratio of the two dates' tables; convolutions "
+        "1.00-1.01x), the graph runs 1.23x its direct twin for "
         "`greedy` but 0.75x for `ios (dependency)`. A parameter per co-started launch cannot follow both; telling "
         "what does needs the kernel timelines of the disagreeing variants on one device (`scripts/gpu_check.sh` "
         "timelines), which this session's machine did not have.\n",
