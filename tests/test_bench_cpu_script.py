@@ -1,6 +1,7 @@
 """``scripts/bench_cpu.py`` refuses to present a speed-up of a program that computes something else: a row whose
 output differs from plain TVM is flagged in the table and fails the run (it once printed RandWire rows off by
 0.61 as 1.27x faster)."""
+import numpy as np
 from scripts_under_test import load_script
 
 
@@ -46,3 +47,43 @@ def test_scheduler_specs_name_the_fusion_and_where_the_groups_left_run():
         assert bench._base_spec(spec) == "lios" and bench._cost_of(spec) == ("lios", "measured")
     assert bench._cost_of("greedy+wave+threads") == ("greedy", "sim:cpu")
     assert bench._base_spec("ios:learned+wave+threads") == "ios:learned"
+
+
+def test_fresh_process_timings_pair_each_ratio_within_its_process():
+    """With ``--processes`` the speed-up is the median of each process's own ratio (both rows timed in one
+    process), not the ratio of medians taken across processes; the process list is kept and printed."""
+    bench = load_script("bench_cpu")
+    ms = 1e-3
+    runs = [{"sequential": [3 * ms] * 3, "lios+wave": [2 * ms] * 3},      # 1.5x, a quiet process
+            {"sequential": [5 * ms] * 3, "lios+wave": [4.5 * ms] * 3},    # 1.11x, a slow one
+            {"sequential": [3.2 * ms] * 3, "lios+wave": [2.5 * ms] * 3}]  # 1.28x
+    times = {s: [t for r in runs for t in r[s]] for s in runs[0]}
+    got = bench.summarize_times(times, runs)
+    assert np.allclose(got["lios+wave"]["process_speedups"], [1.5, 5 / 4.5, 3.2 / 2.5])
+    assert abs(got["lios+wave"]["speedup_vs_sequential"] - 3.2 / 2.5) < 1e-12
+    assert abs(got["lios+wave"]["median_ms"] - 2.5) < 1e-9 and abs(got["sequential"]["median_ms"] - 3.2) < 1e-9
+    assert got["sequential"]["speedup_vs_sequential"] == 1.0
+    # in one process (no runs): the ratio of the medians, no per-process list
+    one = bench.summarize_times({"sequential": [3 * ms], "lios+wave": [2 * ms]})
+    assert one["lios+wave"]["speedup_vs_sequential"] == 1.5 and "process_speedups" not in one["lios+wave"]
+    result = {"model": "m", "config": {"width": 0.5, "image_size": 112}, "tuning_db": None, "skipped": {},
+              "timing": "3 fresh processes (exported libraries)",
+              "rows": {s: dict(_row(0.0, True), **got[s]) for s in got}}
+    md = bench.markdown([result], {"cpu": "x", "cores": 2, "ram_gib": 1, "tvm": "0", "python": "3"}, "cmd")
+    assert "lios+wave 1.50x, 1.11x, 1.28x" in md and "3 fresh processes" in md
+
+
+def test_libraries_are_timed_in_fresh_processes(tmp_path, branchy_model):
+    """The libraries a user would load, each timed in a child process of its own run of the script."""
+    import tvm_interop
+
+    bench = load_script("bench_cpu")
+    models = {s: tvm_interop.compile(branchy_model, scheduler=s, guard=False, name="branchy")
+              for s in ("sequential", "greedy")}
+    x = models["sequential"].random_inputs(0)
+    runs = bench.time_in_fresh_processes(models, x, repeat=3, settle=0, processes=2, workdir=str(tmp_path))
+    assert len(runs) == 2 and all(set(r) == {"sequential", "greedy"} and len(r["greedy"]) == 3 for r in runs)
+    assert all(t > 0 for r in runs for v in r.values() for t in v)
+    assert (tmp_path / "greedy.so").exists() and (tmp_path / "sequential.so").exists()
+    for cm in models.values():
+        cm.close()
