@@ -2,7 +2,8 @@
 
 For each model: prepare once; schedule with each scheduler (ios and lios use the measured cost model: stages
 timed on this CPU with the real kernels and worker threads); build each; then time every program with
-interleaved repeats (round-robin over the schedules per repeat, so machine noise hits all alike) and report
+interleaved repeats (round-robin over the schedules per repeat, so machine noise hits all alike; by default the
+exported libraries, in three fresh processes: ``--processes``) and report
 medians, speedups over sequential, optimisation (search + measurement) time, and the ios cost model's predicted
 latency next to the measured one. Writes docs/bench_cpu.json and docs/bench_cpu.md.
 
@@ -362,10 +363,10 @@ def main() -> int:
     ap.add_argument("--tuned", action="append", default=[], metavar="MODEL=DIR",
                     help="also benchmark MODEL with the kernels tuned into database DIR (made by `tvm-interop tune "
                          "MODEL --image-size/--width as in CONFIGS --db DIR`); repeatable")
-    ap.add_argument("--processes", type=int, default=0, metavar="N",
+    ap.add_argument("--processes", type=int, default=3, metavar="N",
                     help="time each row's exported library in N fresh processes, one after another, and report the "
-                         "median of their medians and of their speed-ups (default 0: time in this process, after the "
-                         "compiles); a process's timings on these shared machines move together by up to 1.4x")
+                         "median of their medians and of their speed-ups (default 3; 0: time in this process, after "
+                         "the compiles); a process's timings on these shared machines move together by up to 1.4x")
     ap.add_argument("--out", default="docs/bench_cpu")
     ap.add_argument("--time-libraries", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
