@@ -146,8 +146,9 @@ def time_in_fresh_processes(models: dict, inputs: list, repeat: int, settle: int
     """Each row's exported library (what a user loads) timed in ``processes`` fresh Python processes, one after
     another, each loading every library and timing them interleaved. Why: on these shared 2-core machines a
     process's timings move together by up to 1.4x (measured 2026-11-30 on a znver4 host: RandWire's lios+wave
-    library 1.86-2.12 ms against sequential's 2.60-2.91 ms in six fresh processes, 1.37-1.43x, but 2.97 ms and
-    1.09x in a process that had compiled and run other programs first), so one process's ratio is one sample."""
+    library 1.86-2.12 ms against sequential's 2.60-2.91 ms in six fresh processes, 1.37-1.43x; in one process the
+    pair went from 1.40x to 1.27x once that process had compiled another program, and to 1.09x with that program in
+    the timing loop), so one process's ratio is one sample."""
     import subprocess
 
     manifest = {"rows": {}, "inputs": os.path.join(workdir, "inputs.npz"), "repeat": repeat, "settle": settle}
@@ -196,14 +197,15 @@ def summarize_times(times: dict[str, list[float]], runs: list[dict[str, list[flo
         med = float(np.median(times[s]))
         base_row = "sequential" + (TUNED if s.endswith(TUNED) else "")
         base = float(np.median(times[base_row]))
-        out[s] = dict(median_ms=med * 1e3, iqr_ms=float(np.percentile(times[s], 75) - np.percentile(times[s], 25)) * 1e3,
-                      speedup_vs_sequential=base / med, speedup_vs_default_sequential=default_seq / med)
+        iqr = float(np.percentile(times[s], 75) - np.percentile(times[s], 25))
+        out[s] = dict(median_ms=med * 1e3, iqr_ms=iqr * 1e3, speedup_vs_sequential=base / med,
+                      speedup_vs_default_sequential=default_seq / med)
         if runs:
             meds = [float(np.median(r[s])) for r in runs]
             ratios = [float(np.median(r[base_row]) / np.median(r[s])) for r in runs]
             default_ratios = [float(np.median(r["sequential"]) / np.median(r[s])) for r in runs]
-            out[s].update(median_ms=float(np.median(meds)) * 1e3,
-                          iqr_ms=float(np.median([np.percentile(r[s], 75) - np.percentile(r[s], 25) for r in runs])) * 1e3,
+            iqrs = [np.percentile(r[s], 75) - np.percentile(r[s], 25) for r in runs]
+            out[s].update(median_ms=float(np.median(meds)) * 1e3, iqr_ms=float(np.median(iqrs)) * 1e3,
                           speedup_vs_sequential=float(np.median(ratios)),
                           speedup_vs_default_sequential=float(np.median(default_ratios)),
                           process_medians_ms=[m * 1e3 for m in meds], process_speedups=ratios)
@@ -319,8 +321,8 @@ def markdown(results: list[dict], info: dict, cmd: str) -> str:
         per_process = [(s, row["process_speedups"]) for s, row in r["rows"].items()
                        if row.get("process_speedups") and s != "sequential"]
         if per_process:
-            out.append(f"Timed: {r['timing']}; median ms and speedup are the medians over the processes, each "
-                       "process's speedup (same process, same libraries): " + "; ".join(
+            out.append(f"Timed: {r['timing']}; median ms, IQR ms and speedup are the medians over the processes, "
+                       "each process's speedup (same process, same libraries): " + "; ".join(
                            f"{s} " + ", ".join(f"{x:.2f}x" for x in v) for s, v in per_process) + ".")
             out.append("")
         sims = [(s, row["sim_vs_measured"]) for s, row in r["rows"].items() if row.get("sim_vs_measured")]
