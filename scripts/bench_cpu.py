@@ -142,17 +142,22 @@ def _library_file(row: str) -> str:
 
 
 def time_in_fresh_processes(models: dict, inputs: list, repeat: int, settle: int, processes: int,
-                            workdir: str) -> list[dict[str, list[float]]]:
+                            workdir: str, reference=None) -> tuple[list[dict[str, list[float]]], list[dict]]:
     """Each row's exported library (what a user loads) timed in ``processes`` fresh Python processes, one after
     another, each loading every library and timing them interleaved. Why: on these shared 2-core machines a
     process's timings move together by up to 1.4x (measured 2026-11-30 on a znver4 host: RandWire's lios+wave
     library 1.86-2.12 ms against sequential's 2.60-2.91 ms in six fresh processes, 1.37-1.43x; in one process the
     pair went from 1.40x to 1.27x once that process had compiled another program, and to 1.09x with that program in
-    the timing loop), so one process's ratio is one sample."""
+    the timing loop), so one process's ratio is one sample. With ``reference`` (plain TVM's output) every child
+    also runs each loaded library once and reports its largest difference from it: the check sees the library
+    that was timed. Returns (per process ``{row: seconds}``, per process ``{row: {"max_abs_diff", "match"}}``)."""
     import subprocess
 
     manifest = {"rows": {}, "inputs": os.path.join(workdir, "inputs.npz"), "repeat": repeat, "settle": settle}
     np.savez(manifest["inputs"], *inputs)
+    if reference is not None:
+        manifest["reference"] = os.path.join(workdir, "reference.npy")
+        np.save(manifest["reference"], np.asarray(reference))
     for row, cm in models.items():
         path = os.path.join(workdir, _library_file(row))
         cm.export(path)
@@ -160,16 +165,18 @@ def time_in_fresh_processes(models: dict, inputs: list, repeat: int, settle: int
     spec = os.path.join(workdir, "manifest.json")
     with open(spec, "w") as f:
         json.dump(manifest, f)
-    runs = []
+    runs, library_diffs = [], []
     for k in range(processes):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-libraries", spec],
                              capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise InteropError(f"timing process {k + 1} of {processes} failed: {out.stderr.strip()[-2000:]}")
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        runs.append(got["times"])
+        library_diffs.append(got["max_abs_diff"])
         print(f"    process {k + 1}/{processes}: " + ", ".join(
             f"{r} {np.median(v) * 1e3:.2f} ms" for r, v in runs[-1].items()), flush=True)
-    return runs
+    return runs, library_diffs
 
 
 def _time_libraries_main(spec: str) -> int:
@@ -182,8 +189,16 @@ def _time_libraries_main(spec: str) -> int:
     with np.load(manifest["inputs"]) as z:
         inputs = [z[f"arr_{i}"] for i in range(len(z.files))]
     programs = {row: runtime.load(path) for row, path in manifest["rows"].items()}
+    diffs = {}
+    if manifest.get("reference"):
+        ref = np.load(manifest["reference"])
+        for row, m in programs.items():
+            out = np.asarray(m.run(*inputs))
+            same = out.shape == ref.shape
+            diffs[row] = {"max_abs_diff": float(np.max(np.abs(out - ref))) if same else float("inf"),
+                          "match": bool(same and np.allclose(out, ref, rtol=RTOL, atol=ATOL))}
     times = time_interleaved(programs, inputs, manifest["repeat"], manifest["settle"])
-    print(json.dumps(times))
+    print(json.dumps({"times": times, "max_abs_diff": diffs}))
     return 0
 
 
@@ -269,7 +284,10 @@ def bench_model(name: str, schedulers: list[str], repeat: int, cache: str, tunin
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix=f"bench_cpu_{name}_") as workdir:
-            runs = time_in_fresh_processes(models, x, repeat, settle, processes, workdir)
+            runs, diffs = time_in_fresh_processes(models, x, repeat, settle, processes, workdir, reference=ref)
+        for s in models:   # the loaded libraries, not only the compiled models, must compute plain TVM's numbers
+            rows[s]["library_max_abs_diff"] = max(d[s]["max_abs_diff"] for d in diffs)
+            rows[s]["match"] = rows[s]["match"] and all(d[s]["match"] for d in diffs)
         times = {s: [t for r in runs for t in r[s]] for s in models}
     else:
         times = time_interleaved(models, x, repeat, settle)

@@ -81,7 +81,14 @@ def test_libraries_are_timed_in_fresh_processes(tmp_path, branchy_model):
     models = {s: tvm_interop.compile(branchy_model, scheduler=s, guard=False, name="branchy")
               for s in ("sequential", "greedy")}
     x = models["sequential"].random_inputs(0)
-    runs = bench.time_in_fresh_processes(models, x, repeat=3, settle=0, processes=2, workdir=str(tmp_path))
+    ref = tvm_interop.run_reference(branchy_model, x)
+    runs, diffs = bench.time_in_fresh_processes(models, x, repeat=3, settle=0, processes=2, workdir=str(tmp_path),
+                                                reference=ref)
+    # each child ran the library it loaded against plain TVM's output; a wrong reference is caught
+    assert all(d[s]["match"] and d[s]["max_abs_diff"] <= 1e-4 for d in diffs for s in models)
+    _, wrong = bench.time_in_fresh_processes(models, x, repeat=1, settle=0, processes=1, workdir=str(tmp_path),
+                                             reference=np.asarray(ref) + 1.0)
+    assert not any(wrong[0][s]["match"] for s in models)
     assert len(runs) == 2 and all(set(r) == {"sequential", "greedy"} and len(r["greedy"]) == 3 for r in runs)
     assert all(t > 0 for r in runs for v in r.values() for t in v)
     assert (tmp_path / "greedy.so").exists() and (tmp_path / "sequential.so").exists()
