@@ -267,11 +267,14 @@ class MergedKernel:
     conv_attrs: dict = field(default_factory=dict)
 
     def compile(self, target="llvm"):
-        """Build just the kernels (each exported under its name); returns the TVM executable."""
+        """Build just the kernels (each exported under its name) as our builds compile them; returns the TVM
+        executable."""
         import tvm
 
+        from .wave.cpu_pipeline import compile_with_waves
+
         mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in self.funcs.items()})
-        return tvm.compile(mod, target)
+        return compile_with_waves(mod, target)
 
 
 def _merged_constants(program, unit_names: Sequence[str], geo: MergeGeometry):

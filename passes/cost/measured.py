@@ -136,7 +136,9 @@ class MeasuredCostModel(CostModel):
         funcs = {gv.name_hint: (shipped[gv.name_hint].compute if gv.name_hint in shipped else f)
                  for gv, f in self.program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
         mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
-        return tvm.compile(mod, self.target)
+        from ..wave.cpu_pipeline import compile_with_waves
+
+        return compile_with_waves(mod, self.target)   # our TIR pipeline, as the build compiles them
 
     def _kernel_hash(self, func_name: str) -> str:
         """Hash of the kernel that is timed (and ships): the compute part where the build repacks the weight."""
@@ -155,8 +157,11 @@ class MeasuredCostModel(CostModel):
         return KernelCall(call.func_name, tuple(args), tuple((tuple(t.shape), t.dtype) for t in unit.outputs))
 
     def _signature(self, unit: Unit) -> str:
+        """The timed kernel: its scheduled TIR's hash, the code our pipeline makes of it, its shapes."""
+        from ..wave.cpu_pipeline import PIPELINE_CODEGEN
+
         shapes = ";".join(f"{'x'.join(map(str, t.shape))}{t.dtype}" for t in unit.inputs + unit.outputs)
-        return f"{self._kernel_hash(unit.func_name)}[{shapes}]"
+        return f"{self._kernel_hash(unit.func_name)}p{PIPELINE_CODEGEN}[{shapes}]"
 
     # ------------------------------------------------------------------ CostModel
     def unit_latency(self, unit: Unit) -> float:
@@ -378,7 +383,13 @@ class MeasuredCostModel(CostModel):
                     if sk is not None:
                         funcs[fname], repacked[fname] = sk.compute, sk
             mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
-            self._add_kernels(tvm.compile(mod, self.target), list(funcs))   # the fleet's devices load them too
+            if self.target.kind.name == "llvm":   # our TIR pipeline, as the build compiles them
+                from ..wave.cpu_pipeline import compile_with_waves
+
+                built = compile_with_waves(mod, self.target)
+            else:
+                built = tvm.compile(mod, self.target)
+            self._add_kernels(built, list(funcs))   # the fleet's devices load them too
             self.merged_builds += 1
             calls = []
             for f, args, outs in kern.calls:

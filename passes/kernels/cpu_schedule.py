@@ -100,7 +100,8 @@ _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operan
 # (2-core EPYC, AVX2): RandWire's 1x1 convolution 39 -> 39 at 14x14 45 -> 19 us, 78 -> 78 at 7x7 45 -> 16 us
 # (each alone); sequential programs, same process, two runs: RandWire 1.31x / 1.35x, Inception-v3 1.02x / 1.04x,
 # SqueezeNet 1.04x, GoogLeNet 1.00x (scripts/bench_register_tiles.py, docs/bench_cpu_register_tiles_2026-11-30.md).
-# A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers) still goes to the workspace.
+# A tile of 1 KiB or more (AVX-512's 20-26 accumulator registers) TVM would still put on the heap; our TIR
+# pipeline marks allocations of 1-2 KiB to stay on the stack (passes.kernels.stack_tiles).
 _ACC_SCOPE = "global"
 # a TVMBackendAllocWorkspace call in a built kernel's LLVM IR (device type 1: CPU), its byte count
 _WORKSPACE_CALL = re.compile(r"call ptr %\w+\(i32 1, i32 %\w+, i64 (\w+), i32 \d+, i32 \d+\)")

@@ -181,10 +181,17 @@ def tensor_intrinsics_for(target):
 
 # ----------------------------------------------------------------------------------------------- builder
 def build_candidate(mod: tvm.IRModule, target) -> "tvm.runtime.Module":
-    """What MetaSchedule's ``default_build`` does, minus the tensor-intrinsic import."""
+    """What MetaSchedule's ``default_build`` does, minus the tensor-intrinsic import, and on a CPU through our TIR
+    pipeline (``passes.wave.cpu_pipeline``), so that a candidate is timed as the build will compile it (allocations
+    of 1-2 KiB on the stack: ``passes.kernels.stack_tiles``)."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
+    if target.kind.name == "llvm":
+        from ..wave.cpu_pipeline import cpu_tir_pipeline
+
+        return tvm.tirx.build(mod, target=target, pipeline=cpu_tir_pipeline())
     return tvm.tirx.build(mod, target=target)
 
 

@@ -24,7 +24,9 @@ leaves the last outlined function's debug location on the builder, and the kerne
 "!dbg attachment points at wrong subprogram"; a statement visited after the loop sets the kernel's own).
 
 Every other PrimFunc (wave kernels without marked chains included), and every non-CPU build, goes through TVM's
-default pipeline unchanged. Every build of ours compiles through :func:`compile_with_waves`.
+default pipeline unchanged, with one addition for every CPU function: allocations of 1-2 KiB (AVX-512's register
+tiles) are marked to stay on the stack (``passes.kernels.stack_tiles``), where TVM alone would put them on the
+heap. Every build of ours compiles through :func:`compile_with_waves`.
 """
 from __future__ import annotations
 
@@ -32,9 +34,15 @@ import tvm
 from tvm import tirx
 from tvm.tirx import stmt as S
 
+from ..kernels.stack_tiles import keep_tiles_on_stack
 from .cpu import OUTLINE_ATTR
 
 PIPELINE_NAME = "tvm_interop_cpu_wave"
+# what this pipeline makes of the same scheduled TIR, part of every measured cost's cache key
+# (``passes.cost.measured``): bump it when the same kernels come to compile into other code, so that no timing of
+# the old code is reused. 1: TVM's pipeline with the chains outlined; 2: allocations of 1-2 KiB kept on the stack
+# (``passes.kernels.stack_tiles``: AVX-512's register tiles)
+PIPELINE_CODEGEN = 2
 _DISABLE_STORAGE_REWRITE = "tirx.disable_storage_rewrite"
 _COMPUTE_SCOPE = "compute_scope"
 
@@ -94,7 +102,7 @@ def _factory():
         waves = {gv: prepared_wave_kernel(f, gv.name_hint) for gv, f in mod.functions.items()
                  if _is_outlining_cpu_wave_kernel(f)}
         if not waves:
-            return default(mod)
+            return keep_tiles_on_stack(default(mod))
         rest = {gv: f for gv, f in mod.functions.items() if gv not in waves}
         out = default(tvm.IRModule(rest, attrs=mod.attrs)) if rest else tvm.IRModule({}, attrs=mod.attrs)
         config = dict(ctx.config)
@@ -105,7 +113,7 @@ def _factory():
             fused = default(tvm.IRModule(waves, attrs=mod.attrs))
         for gv, func in fused.functions.items():
             out[gv] = func
-        return out
+        return keep_tiles_on_stack(out)
 
     return _pipeline, finalize_host, finalize_device
 
