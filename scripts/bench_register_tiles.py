@@ -12,7 +12,9 @@ built kernels make.
 
 ``--compare stack-tiles`` compares instead tiles of 1-2 KiB (AVX-512's 20-26 accumulator vectors) left to TVM,
 which puts them on the heap, with them kept on the stack (``passes.kernels.stack_tiles``, 2026-11-30); on a
-target with 16 vector registers the two builds are the same code.
+target with 16 vector registers the two builds are the same code. ``--compare parallel-threshold``: compute-bound
+kernels get a parallel loop from 1 M multiply-adds (before 2026-11-30) vs from 64 K per thread
+(``cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD``); ``--macs-per-thread N`` times further thresholds beside them.
 
 The model configurations are ``bench_cpu.CONFIGS`` (the sizes of the CPU benchmark tables).
 """
@@ -38,6 +40,8 @@ COMPARISONS = {
     "scope": {"heap (local)": {"scope": "local"}, "stack (global)": {"scope": "global"}},
     "stack-tiles": {"1-2 KiB tiles on the heap (TVM alone)": {"stack_tiles": False},
                     "1-2 KiB tiles on the stack": {"stack_tiles": True}},
+    "parallel-threshold": {"threads from 1 M MACs": {"macs_per_thread": "1M per kernel"},
+                           "threads from 64 K MACs per thread": {"macs_per_thread": 1 << 16}},
 }
 
 
@@ -54,16 +58,27 @@ def workspace_calls(compiled) -> int:
     return count
 
 
-def build(mod, name: str, scope: str = cpu_schedule._ACC_SCOPE, stack: bool = stack_tiles.ENABLED):
-    """The sequential program with the register tiles in ``scope``, and tiles of 1-2 KiB kept on the stack or
-    not (``stack``); the scheduling memo cleared both ways."""
-    saved = cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED
+def _macs_per_thread(value) -> int:
+    """A threshold per thread; "1M per kernel" is the rule before 2026-11-30 (1 << 20 whatever the threads)."""
+    if value == "1M per kernel":
+        from tvm_interop.runtime.cpu_threads import kernel_threads
+
+        return (1 << 20) // max(kernel_threads(), 1)
+    return int(value)
+
+
+def build(mod, name: str, scope: str = cpu_schedule._ACC_SCOPE, stack: bool = stack_tiles.ENABLED,
+          macs_per_thread=cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD):
+    """The sequential program with the register tiles in ``scope``, tiles of 1-2 KiB kept on the stack or not
+    (``stack``), and compute-bound kernels threaded from ``macs_per_thread``; the scheduling memo cleared."""
+    saved = cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD
     cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED = scope, stack
+    cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD = _macs_per_thread(macs_per_thread)
     cpu_schedule._SCHEDULED.clear()
     try:
         return tvm_interop.compile(mod, scheduler="sequential", name=name, guard=False)
     finally:
-        cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED = saved
+        cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD = saved
         cpu_schedule._SCHEDULED.clear()
 
 
@@ -75,7 +90,8 @@ def run_model(name: str, repeat: int, config: dict, variants: dict = COMPARISONS
     built, diffs, calls = {}, {}, {}
     for label, settings in variants.items():
         m = build(mod, name, settings.get("scope", cpu_schedule._ACC_SCOPE),
-                  settings.get("stack_tiles", stack_tiles.ENABLED))
+                  settings.get("stack_tiles", stack_tiles.ENABLED),
+                  settings.get("macs_per_thread", cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD))
         out = m.run(x)
         diffs[label] = float(np.max(np.abs(out - ref)))
         if not np.allclose(out, ref, rtol=RTOL, atol=ATOL):
@@ -91,8 +107,9 @@ def run_model(name: str, repeat: int, config: dict, variants: dict = COMPARISONS
             m.run(x)
             times[k].append(time.perf_counter() - t0)
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-    before, now = variants
+    before, now = list(variants)[:2]
     return {"model": name, "config": config, "median_ms": med, "speedup": med[before] / med[now],
+            "speedup_over_before": {k: med[before] / v for k, v in med.items()},
             "workspace_calls": calls, "max_abs_diff": diffs}
 
 
@@ -103,7 +120,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=40, help="interleaved rounds")
     ap.add_argument("--compare", choices=sorted(COMPARISONS), default="scope",
                     help="scope: tiles in local vs global scope; stack-tiles: 1-2 KiB tiles left to TVM vs kept "
-                         "on the stack")
+                         "on the stack; parallel-threshold: threads from 1 M MACs vs 64 K per thread")
+    ap.add_argument("--macs-per-thread", type=int, nargs="*", default=[],
+                    help="with --compare parallel-threshold: more thresholds (MACs per thread) timed beside them")
     ap.add_argument("--width", type=float, default=None, help="override the models' width (tests)")
     ap.add_argument("--image-size", type=int, default=None, help="override the models' image size (tests)")
     ap.add_argument("--out", default="bench_register_tiles", help="output path without extension (.json)")
@@ -112,7 +131,11 @@ def main(argv=None) -> None:
     for name in args.models:
         config = dict(CONFIGS[name])
         config.update({k: v for k, v in (("width", args.width), ("image_size", args.image_size)) if v is not None})
-        rows.append(run_model(name, args.repeat, config, COMPARISONS[args.compare]))
+        variants = dict(COMPARISONS[args.compare])
+        if args.macs_per_thread and args.compare != "parallel-threshold":
+            ap.error("--macs-per-thread goes with --compare parallel-threshold")
+        variants.update({f"threads from {n} MACs per thread": {"macs_per_thread": n} for n in args.macs_per_thread})
+        rows.append(run_model(name, args.repeat, config, variants))
         r = rows[-1]
         print(f"{name:14s} " + "  ".join(f"{k} {v:7.3f} ms ({r['workspace_calls'][k]} workspace calls)"
                                          for k, v in r["median_ms"].items())

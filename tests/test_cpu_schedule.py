@@ -480,8 +480,9 @@ def test_big_activation_iterates_channel_blocks_innermost():
                       "small": _conv((1, 96, 13, 13), 64, 1, bias=True, relu=True)}.items():
         (name, func), = [(n, f) for n, f in _prim_funcs(mod).items() if "conv2d" in n]
         text = schedule_cpu(func, target).script()
-        # the outer tile loops of the conv: the output channel tile is ff_0, the width tile xx_0
-        tiles = [m for m in re.findall(r"\b(ff_0|xx_0)\b", text.split('T.sblock("conv2d_nchw_init")')[0])]
+        # the outer tile loops of the conv: the output channel tile is ff_0, the width tile xx_0, also as part of
+        # a fused parallel loop's name (ff_0_yy_fused)
+        tiles = re.findall(r"(?<![A-Za-z0-9])(ff_0|xx_0)(?![0-9])", text.split('T.sblock("conv2d_nchw_init")')[0])
         orders[case] = tiles
         inputs = _inputs(mod)
         np.testing.assert_allclose(_run(apply_cpu_schedules(mod, TARGET), inputs), _run(mod, inputs),

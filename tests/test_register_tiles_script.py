@@ -38,3 +38,17 @@ def test_tiles_left_to_tvm_and_kept_on_the_stack_are_built_checked_and_timed(tmp
         assert row["workspace_calls"][heap] == row["workspace_calls"][stack]
     assert all(v <= 1e-4 * 100 for v in row["max_abs_diff"].values())
     assert script.stack_tiles.ENABLED   # restored after the build without it
+
+
+def test_parallel_thresholds_are_built_checked_and_timed(tmp_path):
+    """``--compare parallel-threshold`` with one more threshold: three builds, each equal to plain TVM, each
+    timed; the module's threshold is restored."""
+    script = load_script("bench_register_tiles")
+    saved = script.cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD
+    script.main(["--models", "squeezenet", "--repeat", "2", "--width", "0.25", "--image-size", "64",
+                 "--compare", "parallel-threshold", "--macs-per-thread", "0", "--out", str(tmp_path / "par")])
+    (row,) = json.loads((tmp_path / "par.json").read_text())["results"]
+    assert len(row["median_ms"]) == 3 and all(v > 0 for v in row["median_ms"].values())
+    assert set(row["speedup_over_before"]) == set(row["median_ms"])
+    assert all(v <= 1e-2 for v in row["max_abs_diff"].values())
+    assert script.cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD == saved

@@ -76,7 +76,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["schedule_cpu", "apply_cpu_schedules", "vector_lanes"]
 
-_MIN_PARALLEL_MACS = 1 << 20  # compute-bound kernels: multiply-adds below which threads cost more than they give
+# compute-bound kernels: multiply-adds per thread below which threads cost more than they give. Was 1 << 20 for
+# the kernel whatever the threads; on 2 cores (EPYC znver4, sequential programs, 60 interleaved rounds, two runs)
+# 1 << 17 for the kernel ran Inception-v3 1.05x, SqueezeNet 1.06-1.10x, GoogLeNet 1.05-1.11x, RandWire
+# 1.07-1.12x faster (Inception-v3's 1x3 / 3x1 / 1x7 convolutions of ~1 M multiply-adds had run on one core);
+# 1 << 15 and 0 measured the same as 1 << 17, 1 << 18 in between (docs/bench_parallel_threshold_2026-11-30.md).
+# Per thread, so that a many-core machine does not cut a small kernel into slivers: 2 threads -> 1 << 17.
+_MIN_PARALLEL_MACS_PER_THREAD = 1 << 16
 _MIN_PARALLEL_ELEMS = 1 << 20  # memory-bound kernels: output elements below which threads do not pay
 # a light reduction read by strided or NCHW windows (depthwise convolution, NCHW pooling): window reads (output
 # elements x window) from which threads pay. Counted by elements alone (1 << 20), every depthwise convolution of
@@ -299,6 +305,11 @@ def _choose_row_tile(extent: int, max_rows: int, regs_per_row: int) -> tuple[int
         if score > best_score + 1e-9 or (abs(score - best_score) <= 1e-9 and exact):
             best, best_score = t, score
     return best, extent % best == 0
+
+
+def _min_parallel_macs(cfg: _Cfg) -> int:
+    """Multiply-adds from which a compute-bound kernel gets a parallel loop (``_MIN_PARALLEL_MACS_PER_THREAD``)."""
+    return _MIN_PARALLEL_MACS_PER_THREAD * max(cfg.threads, 1)
 
 
 def _parallel_outer(sch: s_tir.Schedule, loops: list, work: int, cfg: _Cfg, min_work: int) -> None:
@@ -780,7 +791,7 @@ def _plan_spatial_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     # a kernel that streams a big operand (batch-1 dense: 4 MB of weights for 1 M multiply-adds) is bound by
     # memory bandwidth, which a second core adds to: threads by bytes as well as by multiply-adds
     streamed = max(_nbytes(rd) for rd in stmt.reads)
-    _parallel_outer(sch, outer, work, cfg, 0 if streamed >= _MIN_PARALLEL_BYTES else _MIN_PARALLEL_MACS)
+    _parallel_outer(sch, outer, work, cfg, 0 if streamed >= _MIN_PARALLEL_BYTES else _min_parallel_macs(cfg))
     if red_loops:
         init = sch.decompose_reduction(red, red_loops[0])
         init_last = sch.get_loops(init)[-1]
@@ -872,7 +883,7 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     sch.reorder(*outer, *red_loops, co_i, ow_i, l_ci)
 
     work = _work(iv for _, iv in spatial + reduction)
-    beside_parallel = cfg.threads > 1 and work >= _MIN_PARALLEL_MACS
+    beside_parallel = cfg.threads > 1 and work >= _min_parallel_macs(cfg)
     if _crops_its_reduction(sch, red, epilogue):
         # computed over more columns than the output has (passes.kernels.nchwc.tileable_width): the reduction
         # accumulates in a per-tile register buffer (_ACC_SCOPE), and the epilogue, which crops, writes the tile's
@@ -894,7 +905,7 @@ def _plan_nchwc_conv(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     wb_loops = sch.get_loops(write_back)[len(outer):]
     if wb_loops:
         sch.vectorize(wb_loops[-1])
-    _parallel_outer(sch, outer, work, cfg, _MIN_PARALLEL_MACS)
+    _parallel_outer(sch, outer, work, cfg, _min_parallel_macs(cfg))
     init = sch.decompose_reduction(red, red_loops[0])
     init_last = sch.get_loops(init)[-1]
     if sch.get(init_last).kind != tirx.ForKind.VECTORIZED and _extent(sch, init_last) > 1:
@@ -983,7 +994,7 @@ def _plan_reduction_vector(sch: s_tir.Schedule, cfg: _Cfg) -> None:
     if ji is not None:
         sch.unroll(ji)
     sch.vectorize(ki)
-    _parallel_outer(sch, sp_loops, work, cfg, _MIN_PARALLEL_MACS)
+    _parallel_outer(sch, sp_loops, work, cfg, _min_parallel_macs(cfg))
     if rest:
         init = sch.decompose_reduction(rf, rest[0])
         init_last = sch.get_loops(init)[-1]
@@ -1007,7 +1018,7 @@ def _plan_simple(sch: s_tir.Schedule, cfg: _Cfg) -> None:
             epilogue = None
         except Exception as err:
             log.debug("reverse_compute_at of the epilogue failed: %s", err)
-    _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial + reduction), cfg, _MIN_PARALLEL_MACS)
+    _parallel_outer(sch, sp_loops, _work(iv for _, iv in spatial + reduction), cfg, _min_parallel_macs(cfg))
     _epilogue_and_prologue(sch, epilogue, prologue, cfg, inline_into_write_back=False)
 
 
