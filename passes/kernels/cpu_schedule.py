@@ -335,13 +335,15 @@ def _parallel_outer(sch: s_tir.Schedule, loops: list, work: int, cfg: _Cfg, min_
     sch.parallel(fused)
 
 
-def _schedule_spatial(sch: s_tir.Schedule, block, cfg: _Cfg, min_parallel: int = _MIN_PARALLEL_ELEMS) -> None:
+def _schedule_spatial(sch: s_tir.Schedule, block, cfg: _Cfg, min_parallel: int | None = None) -> None:
     """An injective block at the root (pad, add, concat, relu, weight repack, ...): memory bound.
 
     Vectorise the innermost loop with an exact tile (a predicated tile would be scalarised; without one, LLVM's
     loop vectoriser handles the loop, remainder included), threads only for outputs of ``min_parallel`` elements
-    or more.
+    or more (default :data:`_MIN_PARALLEL_ELEMS`).
     """
+    if min_parallel is None:
+        min_parallel = _MIN_PARALLEL_ELEMS
     loops = sch.get_loops(block)
     if not loops:
         return
