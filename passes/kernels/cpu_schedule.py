@@ -77,10 +77,10 @@ log = logging.getLogger(__name__)
 __all__ = ["schedule_cpu", "apply_cpu_schedules", "vector_lanes"]
 
 # compute-bound kernels: multiply-adds per thread below which threads cost more than they give. Was 1 << 20 for
-# the kernel whatever the threads; on 2 cores (EPYC znver4, sequential programs, 60 interleaved rounds, two runs)
-# 1 << 17 for the kernel ran Inception-v3 1.05x, SqueezeNet 1.06-1.10x, GoogLeNet 1.05-1.11x, RandWire
-# 1.07-1.12x faster (Inception-v3's 1x3 / 3x1 / 1x7 convolutions of ~1 M multiply-adds had run on one core);
-# 1 << 15 and 0 measured the same as 1 << 17, 1 << 18 in between (docs/bench_parallel_threshold_2026-11-30.md).
+# the kernel whatever the threads; on 2 cores (EPYC znver4, sequential programs, interleaved rounds) 1 << 17 for
+# the kernel ran Inception-v3 1.04x, SqueezeNet 1.03-1.04x, RandWire 1.10x faster in two runs, GoogLeNet
+# 0.93x in one run and 1.08-1.12x in five (Inception-v3's 1x3 / 3x1 / 1x7 convolutions of ~1 M multiply-adds had
+# run on one core); 1 << 15 and 0 measured the same as 1 << 17 (docs/bench_parallel_threshold_2026-11-30.md).
 # Per thread, so that a many-core machine does not cut a small kernel into slivers: 2 threads -> 1 << 17.
 _MIN_PARALLEL_MACS_PER_THREAD = 1 << 16
 _MIN_PARALLEL_ELEMS = 1 << 20  # memory-bound kernels: output elements below which threads do not pay
