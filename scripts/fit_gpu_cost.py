@@ -918,6 +918,16 @@ def _tried_after_v6_section() -> list[str]:
         "`greedy` but 0.75x for `ios (dependency)`. A parameter per co-started launch cannot follow both; telling "
         "what does needs the kernel timelines of the disagreeing variants on one device (`scripts/gpu_check.sh` "
         "timelines), which this session's machine did not have.\n",
+        "* **A keep-alive cost by the tensors held (checked 2026-11-30, not fitted).** The 2026-11-22 table models' "
+        'worst held-out variant (randwire `ios (dependency)` in `fixed`, -26.9 %) is one of five direct multi-stream '
+        'randwire variants of that run that the model puts 19-27 % low, while their `landed` twins (the same '
+        "schedules, built without the keep-alive calls) are within -15 % and +9 %. If the old builds' keep-alive "
+        'calls (a host PrimFunc per chunk) cost host time by the tensors they hold, the fixed - landed difference '
+        'would follow the tensors. It does not (the releases re-planned with this planner, consumer waits): greedy '
+        '166 tensors in 63 calls, 916 us; greedy (dependency) 231 in 39, 528 us; lios 191 in 25, 646 us; lios '
+        '(dependency) 198 in 29, 407 us; ios 171 in 23, 587 us; ios (dependency) 191 in 27, 645 us: 13.5-25.8 us per '
+        'call, 2.1-5.5 us per tensor, neither constant. So no keep-alive term explains that miss; the two builds '
+        'differ in more than the calls (the `landed` one also planned memory without them).\n',
     ]
 
 
