@@ -12,8 +12,9 @@ of ~100 kernels off by 55, ``docs/bench_cpu_epyc_avx2_2026-11-29.md``).
 Each kernel of ``passes.prepare`` (the fused, scheduled PrimFuncs) is built alone for this machine's CPU and run
 on random inputs of its call site's shapes, next to the unscheduled function that the module keeps; outputs are
 compared with rtol/atol 1e-4 (scaled by the output's magnitude). Exit status 1 when a kernel differs. These are
-the PrimFuncs that the build compiles, each built alone; the built library as a whole is what the zoo tests and
-``bench_cpu.py`` compare against plain TVM.
+the PrimFuncs that the build compiles, each built alone through the TIR pipeline the build uses (the unscheduled
+reference through TVM's own); the built library as a whole is what the zoo tests and ``bench_cpu.py`` compare
+against plain TVM.
 """
 from __future__ import annotations
 
@@ -33,8 +34,13 @@ import tvm  # noqa: E402
 TOL = 1e-4
 
 
-def _run(func, args: list[np.ndarray], target, n_out: int) -> list[np.ndarray]:
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+def _run(func, args: list[np.ndarray], target, n_out: int, shipped: bool = False) -> list[np.ndarray]:
+    """``func`` built alone and run on copies of ``args``; ``shipped``: through the TIR pipeline our builds use
+    (``passes.wave.cpu_pipeline``: register tiles of 1-2 KiB on the stack), else TVM's own (the reference)."""
+    from tvm_interop.passes.wave.cpu_pipeline import compile_with_waves
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    lib = compile_with_waves(mod, target) if shipped else tvm.compile(mod, target=target)
     tensors = [tvm.runtime.tensor(a.copy()) for a in args]
     lib["main"](*tensors)
     return [t.numpy() for t in tensors[len(tensors) - n_out:]]
@@ -65,7 +71,7 @@ def check_module(mod: tvm.IRModule, target=None, seed: int = 0) -> list[dict]:
         infos = [program.info_of(a) for a in call.args] + list(call.outputs)
         args = [rng.standard_normal(i.shape).astype(i.dtype) if "float" in i.dtype else np.zeros(i.shape, i.dtype)
                 for i in infos]
-        got = _run(func, args, target, len(call.outputs))
+        got = _run(func, args, target, len(call.outputs), shipped=True)
         want = _run(unscheduled[name], args, target, len(call.outputs))
         diff = max(float(np.max(np.abs(g - w))) if g.size else 0.0 for g, w in zip(got, want))
         ok = all(np.allclose(g, w, rtol=TOL, atol=TOL * max(1.0, float(np.max(np.abs(w))) if w.size else 1.0))
