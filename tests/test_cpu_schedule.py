@@ -670,3 +670,29 @@ def test_random_pools_and_depthwise_equal_unscheduled(mcpu):
         np.testing.assert_allclose(got, _run(mod, inputs, run_on), rtol=1e-4, atol=1e-4,
                                    err_msg=f"case {case}: {kind} blocked {blocked} c {c} size {size} k {k} "
                                            f"stride {stride} pad {pad}")
+
+
+def test_compute_bound_kernels_get_threads_from_64k_multiply_adds_per_thread(monkeypatch):
+    """A 1x3 convolution of 786 K multiply-adds (Inception-v3's late convolutions are ~1 M) gets a parallel loop
+    on two threads (it ran on one core under the old 1 M rule: sequential programs 1.03-1.11x slower, see
+    ``_MIN_PARALLEL_MACS_PER_THREAD``), a 49 K one does not, and on 16 threads neither does the 786 K one (64 K per
+    thread: a small kernel is not cut into slivers). Both compute what the unscheduled build computes."""
+    from tvm_interop.passes.kernels import cpu_schedule
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    mods = {"786K": _conv((1, 64, 8, 8), 64, (1, 3), pad=(0, 1), bias=True, relu=True),
+            "49K": _conv((1, 16, 8, 8), 16, (1, 3), pad=(0, 1), bias=True, relu=True)}
+
+    def parallel(case, threads):
+        monkeypatch.setattr(cpu_schedule, "_num_threads", lambda: threads)
+        (func,) = [f for n, f in _prim_funcs(mods[case]).items() if "conv2d" in n]
+        return "T.parallel" in schedule_cpu(func, target).script()
+
+    assert parallel("786K", 2) and not parallel("49K", 2)
+    assert not parallel("786K", 16)
+    monkeypatch.setattr(cpu_schedule, "_num_threads", lambda: 2)
+    host = _runnable_here(target)
+    for case, mod in mods.items():
+        inputs = _inputs(mod)
+        np.testing.assert_allclose(_run_shipped(apply_cpu_schedules(mod, host), inputs, host),
+                                   _run(mod, inputs, host), rtol=1e-4, atol=1e-4, err_msg=case)
