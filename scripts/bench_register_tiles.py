@@ -15,8 +15,11 @@ which puts them on the heap, with them kept on the stack (``passes.kernels.stack
 target with 16 vector registers the two builds are the same code. ``--compare parallel-threshold``: compute-bound
 kernels get a parallel loop from 1 M multiply-adds (before 2026-11-30) vs from 64 K per thread
 (``cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD``); ``--macs-per-thread N`` times further thresholds beside them.
+``--compare contiguous-rows``: injective kernels (relu, add, ...) whose rows do not fill whole vectors with their
+contiguous trailing loops fused into one vectorised loop, or not (``cpu_schedule._FUSE_CONTIGUOUS_ROWS``).
 
-The model configurations are ``bench_cpu.CONFIGS`` (the sizes of the CPU benchmark tables).
+The model configurations are ``bench_cpu.CONFIGS`` (the sizes of the CPU benchmark tables), others width 0.5 at
+112 px.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import tvm_interop  # noqa: E402
 from bench_cpu import ATOL, CONFIGS, RTOL, machine  # noqa: E402
 from tvm_interop.passes.kernels import cpu_schedule, stack_tiles  # noqa: E402
 
+OTHER_CONFIG = dict(width=0.5, image_size=112)   # a zoo model without a bench_cpu configuration
 # each comparison: (before, now), each a label and the build's settings
 COMPARISONS = {
     "scope": {"heap (local)": {"scope": "local"}, "stack (global)": {"scope": "global"}},
@@ -42,6 +46,8 @@ COMPARISONS = {
                     "1-2 KiB tiles on the stack": {"stack_tiles": True}},
     "parallel-threshold": {"threads from 1 M MACs": {"macs_per_thread": "1M per kernel"},
                            "threads from 64 K MACs per thread": {"macs_per_thread": 1 << 16}},
+    "contiguous-rows": {"ragged rows as they are": {"fuse_rows": False},
+                        "contiguous rows fused": {"fuse_rows": True}},
 }
 
 
@@ -68,17 +74,22 @@ def _macs_per_thread(value) -> int:
 
 
 def build(mod, name: str, scope: str = cpu_schedule._ACC_SCOPE, stack: bool = stack_tiles.ENABLED,
-          macs_per_thread=cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD):
+          macs_per_thread=cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD,
+          fuse_rows: bool = cpu_schedule._FUSE_CONTIGUOUS_ROWS):
     """The sequential program with the register tiles in ``scope``, tiles of 1-2 KiB kept on the stack or not
-    (``stack``), and compute-bound kernels threaded from ``macs_per_thread``; the scheduling memo cleared."""
-    saved = cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD
+    (``stack``), compute-bound kernels threaded from ``macs_per_thread``, and ragged rows of injective kernels
+    fused where contiguous or not (``fuse_rows``); the scheduling memo cleared."""
+    saved = (cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD,
+             cpu_schedule._FUSE_CONTIGUOUS_ROWS)
     cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED = scope, stack
     cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD = _macs_per_thread(macs_per_thread)
+    cpu_schedule._FUSE_CONTIGUOUS_ROWS = fuse_rows
     cpu_schedule._SCHEDULED.clear()
     try:
         return tvm_interop.compile(mod, scheduler="sequential", name=name, guard=False)
     finally:
-        cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD = saved
+        (cpu_schedule._ACC_SCOPE, stack_tiles.ENABLED, cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD,
+         cpu_schedule._FUSE_CONTIGUOUS_ROWS) = saved
         cpu_schedule._SCHEDULED.clear()
 
 
@@ -91,7 +102,8 @@ def run_model(name: str, repeat: int, config: dict, variants: dict = COMPARISONS
     for label, settings in variants.items():
         m = build(mod, name, settings.get("scope", cpu_schedule._ACC_SCOPE),
                   settings.get("stack_tiles", stack_tiles.ENABLED),
-                  settings.get("macs_per_thread", cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD))
+                  settings.get("macs_per_thread", cpu_schedule._MIN_PARALLEL_MACS_PER_THREAD),
+                  settings.get("fuse_rows", cpu_schedule._FUSE_CONTIGUOUS_ROWS))
         out = m.run(x)
         diffs[label] = float(np.max(np.abs(out - ref)))
         if not np.allclose(out, ref, rtol=RTOL, atol=ATOL):
@@ -115,12 +127,16 @@ def run_model(name: str, repeat: int, config: dict, variants: dict = COMPARISONS
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from tvm_interop.models import list_models
+
     ap.add_argument("--models", nargs="+", default=["randwire", "inception_v3", "squeezenet", "googlenet"],
-                    choices=sorted(CONFIGS))
+                    choices=list_models(), help="zoo models; those without a bench_cpu configuration are built "
+                                                f"at {OTHER_CONFIG}")
     ap.add_argument("--repeat", type=int, default=40, help="interleaved rounds")
     ap.add_argument("--compare", choices=sorted(COMPARISONS), default="scope",
                     help="scope: tiles in local vs global scope; stack-tiles: 1-2 KiB tiles left to TVM vs kept "
-                         "on the stack; parallel-threshold: threads from 1 M MACs vs 64 K per thread")
+                         "on the stack; parallel-threshold: threads from 1 M MACs vs 64 K per thread; contiguous-rows: "
+                         "ragged rows of injective kernels as they are vs fused where contiguous")
     ap.add_argument("--macs-per-thread", type=int, nargs="*", default=[],
                     help="with --compare parallel-threshold: more thresholds (MACs per thread) timed beside them")
     ap.add_argument("--width", type=float, default=None, help="override the models' width (tests)")
@@ -129,7 +145,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     rows = []
     for name in args.models:
-        config = dict(CONFIGS[name])
+        config = dict(CONFIGS.get(name, OTHER_CONFIG))
         config.update({k: v for k, v in (("width", args.width), ("image_size", args.image_size)) if v is not None})
         variants = dict(COMPARISONS[args.compare])
         if args.macs_per_thread and args.compare != "parallel-threshold":

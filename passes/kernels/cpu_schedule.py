@@ -95,6 +95,10 @@ _MIN_REPACK_REUSE = 16  # repack a weight only if each element is then used this
 _REPACK_IN_DEST_ORDER = True
 _ACC_REGS = (5, 8)  # fraction of the vector registers that hold the accumulator tile
 _ACC_REGS_1X1 = (13, 16)  # ... for a reduction over one axis, with 32 registers (AVX-512): 26 (13 rows x 2)
+# an injective block whose innermost rows do not fill whole vectors has its trailing loops fused where every
+# buffer walks them contiguously (``_contiguous_suffix``): NASNet-A-mobile's relu over 132 x 14 x 14, alone,
+# 23.3 -> 1.8 us (docs/bench_contiguous_rows_2026-11-30.md). False: as before (A/B measurements)
+_FUSE_CONTIGUOUS_ROWS = True
 _MIN_PARALLEL_BYTES = 1 << 21  # ... or bytes of its biggest operand above which threads pay (memory bound)
 _REORDER_MIN_INPUT_BYTES = 1 << 20  # an activation up to a typical per-core L2 is re-read from cache anyway
 _LIGHT_REDUCTION = 64  # reduction extent up to which a reduction without operand reuse is memory bound
@@ -348,6 +352,12 @@ def _schedule_spatial(sch: s_tir.Schedule, block, cfg: _Cfg, min_parallel: int |
     if not loops:
         return
     extents = [_extent(sch, lp) for lp in loops]
+    k = _contiguous_suffix(sch, block, loops) if _FUSE_CONTIGUOUS_ROWS else 0
+    if k >= 2 and extents[-1] is not None and extents[-1] % cfg.lanes:
+        # the innermost rows are short and ragged (NASNet-A-mobile's relu over 132 x 14 x 14: rows of 14), but the
+        # trailing loops walk every buffer contiguously: one loop over them has whole vectors
+        loops = loops[:-k] + [sch.fuse(*loops[-k:])]
+        extents = [_extent(sch, lp) for lp in loops]
     total = math.prod(e or 1 for e in extents)
     outer, vec = list(loops[:-1]), None
     if extents[-1] is not None:
@@ -367,6 +377,45 @@ def _schedule_spatial(sch: s_tir.Schedule, block, cfg: _Cfg, min_parallel: int |
     _parallel_outer(sch, outer, total, cfg, min_parallel)
     if vec is not None:
         sch.vectorize(vec)
+
+
+def _contiguous_suffix(sch: s_tir.Schedule, block, loops: list) -> int:
+    """How many of the innermost ``loops`` (each bound to one spatial iterator of ``block``) every buffer the block
+    reads or writes walks contiguously: its last dimensions indexed by exactly those iterators, in order, over
+    its whole extent of them, or (a broadcast operand, a bias) at one point of extent 1. Fusing that many loops
+    into one keeps every access a contiguous run (TVM simplifies the fused index back to a linear one)."""
+    stmt = sch.get(block)
+    bindings = _bindings(sch, block)
+    by_loop = []
+    for lp in loops:
+        lv = sch.get(lp).loop_var
+        match = [iv for iv, value in zip(stmt.iter_vars, bindings) if value.same_as(lv)]
+        by_loop.append(match[0] if len(match) == 1 else None)
+    best = 0
+    for k in range(1, len(loops) + 1):
+        ivs = by_loop[-k:]
+        if any(iv is None or _iter_kind(iv) != "S" for iv in ivs):
+            break
+        if all(_walks_contiguously(region, ivs) for region in list(stmt.reads) + list(stmt.writes)):
+            best = k
+        else:
+            break
+    return best
+
+
+def _walks_contiguously(region, ivs) -> bool:
+    """Whether ``region``'s last ``len(ivs)`` dimensions are indexed by exactly ``ivs`` in order over the buffer's
+    whole extent in each (contiguous), or are all single points of extent-1 dimensions that no iterator of
+    ``ivs`` indexes (a broadcast)."""
+    dims = list(region.region)[-len(ivs):] if len(region.region) >= len(ivs) else None
+    if dims is None:
+        return False
+    shape = list(_buf(region).shape)[-len(ivs):]
+    if all(_int(r.extent) == 1 and _int(n) == 1 and not any(_uses(r.min, iv.var) for iv in ivs)
+           for r, n in zip(dims, shape)):
+        return True
+    return all(_int(r.extent) == 1 and r.min.same_as(iv.var) and _int(n) == _int(iv.dom.extent)
+               and _int(iv.dom.min) == 0 for r, n, iv in zip(dims, shape, ivs))
 
 
 def _block_infos(sch: s_tir.Schedule):
