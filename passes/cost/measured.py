@@ -136,9 +136,16 @@ class MeasuredCostModel(CostModel):
         funcs = {gv.name_hint: (shipped[gv.name_hint].compute if gv.name_hint in shipped else f)
                  for gv, f in self.program.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
         mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
-        from ..wave.cpu_pipeline import compile_with_waves
+        return self._compile_kernels(mod)
 
-        return compile_with_waves(mod, self.target)   # our TIR pipeline, as the build compiles them
+    def _compile_kernels(self, mod: tvm.IRModule):
+        """A module of kernels built as the build compiles them: on a CPU through our TIR pipeline
+        (``passes.wave.cpu_pipeline``: outlined chains, register tiles on the stack), elsewhere through TVM's."""
+        if self.target.kind.name == "llvm":
+            from ..wave.cpu_pipeline import compile_with_waves
+
+            return compile_with_waves(mod, self.target)
+        return tvm.compile(mod, self.target)
 
     def _kernel_hash(self, func_name: str) -> str:
         """Hash of the kernel that is timed (and ships): the compute part where the build repacks the weight."""
@@ -383,13 +390,7 @@ class MeasuredCostModel(CostModel):
                     if sk is not None:
                         funcs[fname], repacked[fname] = sk.compute, sk
             mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
-            if self.target.kind.name == "llvm":   # our TIR pipeline, as the build compiles them
-                from ..wave.cpu_pipeline import compile_with_waves
-
-                built = compile_with_waves(mod, self.target)
-            else:
-                built = tvm.compile(mod, self.target)
-            self._add_kernels(built, list(funcs))   # the fleet's devices load them too
+            self._add_kernels(self._compile_kernels(mod), list(funcs))   # the fleet's devices load them too
             self.merged_builds += 1
             calls = []
             for f, args, outs in kern.calls:

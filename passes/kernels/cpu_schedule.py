@@ -391,25 +391,22 @@ def _contiguous_suffix(sch: s_tir.Schedule, block, loops: list) -> int:
         lv = sch.get(lp).loop_var
         match = [iv for iv, value in zip(stmt.iter_vars, bindings) if value.same_as(lv)]
         by_loop.append(match[0] if len(match) == 1 else None)
-    best = 0
+    regions = list(stmt.reads) + list(stmt.writes)
     for k in range(1, len(loops) + 1):
         ivs = by_loop[-k:]
-        if any(iv is None or _iter_kind(iv) != "S" for iv in ivs):
-            break
-        if all(_walks_contiguously(region, ivs) for region in list(stmt.reads) + list(stmt.writes)):
-            best = k
-        else:
-            break
-    return best
+        if any(iv is None or _iter_kind(iv) != "S" for iv in ivs) or \
+                not all(_walks_contiguously(region, ivs) for region in regions):
+            return k - 1
+    return len(loops)
 
 
 def _walks_contiguously(region, ivs) -> bool:
     """Whether ``region``'s last ``len(ivs)`` dimensions are indexed by exactly ``ivs`` in order over the buffer's
     whole extent in each (contiguous), or are all single points of extent-1 dimensions that no iterator of
     ``ivs`` indexes (a broadcast)."""
-    dims = list(region.region)[-len(ivs):] if len(region.region) >= len(ivs) else None
-    if dims is None:
+    if len(region.region) < len(ivs):
         return False
+    dims = list(region.region)[-len(ivs):]
     shape = list(_buf(region).shape)[-len(ivs):]
     if all(_int(r.extent) == 1 and _int(n) == 1 and not any(_uses(r.min, iv.var) for iv in ivs)
            for r, n in zip(dims, shape)):
