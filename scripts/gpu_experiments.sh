@@ -28,7 +28,8 @@
 # the main part 19 min (inception_v3 165 s, squeezenet 61 s, randwire 302 s, nasnet_a_large 354 s), the flow part
 # 73 min (randwire 1349 s; nasnet_a_mobile 2966 s, 11 GiB of memory at its peak while LLVM compiled the host
 # code), RandWire's diff libraries 15 min beside it; 17 MiB carried for the flow part with RandWire's diff. GPU_EXPERIMENTS_SIZE="--width 0.125 --image-size 96" builds every
-# part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB).
+# part at that size, a smoke test of this script (2026-11-27: 16.5 min, 9.7 + 12 MiB; 2026-11-30 evening, znver4
+# EPYC, code of a606ce5: the main part within 12 min, the flow part with its diff libraries within 58 min, exit 0).
 # GPU_EXPERIMENTS_BUILD / GPU_EXPERIMENTS_ACTIVE name other directories.
 #
 # What each part answers:
