@@ -45,7 +45,7 @@ def time_kernels(cm, x: np.ndarray, cores: int, repeat: int, warmup: int) -> tup
     interleaved rounds, each one traced run per thread count (the same kernels, the calling thread's TVM pool
     set to the count: what a schedule that runs a kernel on one core of a fused stage gets). Each count change
     is followed by an untimed run: without it GoogLeNet's small kernels took 2-4x their time on both cores
-    (a max pool 78 us instead of 20: TVM restarts the pool's workers when the count changes)."""
+    (a max pool 78 us instead of 20 in a process that never changes the count)."""
     from tvm_interop.runtime.thread_executor import _set_thread_count
 
     executor = cm.runner._thread_executor()
@@ -55,7 +55,7 @@ def time_kernels(cm, x: np.ndarray, cores: int, repeat: int, warmup: int) -> tup
         for r in range(warmup + repeat):
             for threads in (1, cores):
                 _set_thread_count(threads)
-                executor.run_traced(x)   # untimed: the first run after a change pays for the pool's restart
+                executor.run_traced(x)   # untimed: the first run after a change of the count is slow
                 per_unit: dict[str, float] = collections.defaultdict(float)
                 for e in executor.run_traced(x):
                     per_unit[e["unit"]] += e["end"] - e["start"]
